@@ -1,0 +1,5 @@
+import sys
+
+from kdist.cli import main
+
+sys.exit(main())

@@ -1,0 +1,320 @@
+"""The cluster model: one validated view of TF_CONFIG for every strategy, the launcher and manifests.
+
+A `ClusterSpec` is what TensorFlow reads from `TF_CONFIG` (jobs with addresses, this process's task),
+checked up front so that a bad cluster fails with a message naming the field and the fix instead of a
+hang or a gRPC error minutes later. Strategies get TensorFlow's own cluster resolver from it
+(`TFConfigClusterResolver` when the spec came from the environment), so kdist never re-implements
+what TensorFlow already reads.
+
+Example:
+
+>>> spec = ClusterSpec.from_tf_config(
+...     '{"cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]},'
+...     ' "task": {"type": "worker", "index": 1}}')
+>>> spec.task, spec.num_workers, spec.is_chief
+('worker:1', 2, False)
+>>> spec.tf_config("worker", 0)["task"]
+{'type': 'worker', 'index': 0}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Mapping
+
+# The job names TensorFlow accepts, in the order kdist lists them.
+JOBS = ("chief", "worker", "ps", "evaluator")
+_TOP_LEVEL_KEYS = ("cluster", "task", "rpc_layer", "environment")
+
+
+class ClusterSpecError(ValueError):
+    """A cluster description that TensorFlow would reject or misread.
+
+    The message names the offending field, what is wrong with it and how to fix it.
+    """
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field = field
+        super().__init__(f"{field}: {problem}. Fix: {fix}")
+
+
+class ClusterSpec:
+    """A validated cluster: jobs with their addresses, plus (optionally) this process's task.
+
+    Build one with `ClusterSpec.from_tf_config(...)`, `kdist.cluster()` (reads `TF_CONFIG`) or
+    `ClusterSpec.local_layout(...)` (addresses for a local launch). A spec without a task describes
+    a whole cluster (what the launcher and manifest renderers need); `with_task()` picks one task.
+    """
+
+    def __init__(self, jobs: Mapping[str, list[str]], task_type: str | None = None,
+                 task_index: int | None = None, rpc_layer: str = "grpc",
+                 environment: str | None = None, source: str = "TF_CONFIG"):
+        self.jobs = {job: list(jobs[job]) for job in JOBS if job in jobs}
+        self.task_type = task_type
+        self.task_index = task_index
+        self.rpc_layer = rpc_layer
+        self.environment = environment
+        self.source = source
+        _validate_jobs(self.jobs, prefix=f"{source}.cluster")
+        if task_type is not None or task_index is not None:
+            _validate_task(self.jobs, task_type, task_index, prefix=f"{source}.task")
+
+    # ----------------------------------------------------------------- construction
+    @classmethod
+    def from_tf_config(cls, config: str | Mapping[str, Any], source: str = "TF_CONFIG") -> "ClusterSpec":
+        """Parses and validates a TF_CONFIG (JSON text or an already decoded dict)."""
+        if isinstance(config, str):
+            try:
+                config = json.loads(config) if config.strip() else {}
+            except json.JSONDecodeError as err:
+                raise ClusterSpecError(source, f"not valid JSON ({err.msg} at line {err.lineno} "
+                                       f"column {err.colno})",
+                                       'write it as a JSON object such as {"cluster": {"worker": '
+                                       '["host:port"]}, "task": {"type": "worker", "index": 0}}') from None
+        if not isinstance(config, Mapping):
+            raise ClusterSpecError(source, f"must be a JSON object, got {type(config).__name__}",
+                                   'use {"cluster": {...}, "task": {...}}')
+        unknown = sorted(set(config) - set(_TOP_LEVEL_KEYS))
+        if unknown:
+            raise ClusterSpecError(f"{source}.{unknown[0]}", "unknown key",
+                                   f"TF_CONFIG takes only {', '.join(_TOP_LEVEL_KEYS)}")
+        if not config.get("cluster"):
+            if "task" in config:
+                raise ClusterSpecError(f"{source}.cluster", "missing while a task is given",
+                                       'add "cluster": {"worker": ["host:port", ...]}')
+            return cls({}, source=source)
+        cluster = config["cluster"]
+        if not isinstance(cluster, Mapping):
+            raise ClusterSpecError(f"{source}.cluster", f"must be an object, got {type(cluster).__name__}",
+                                   'use {"worker": ["host:port", ...]}')
+        task = config.get("task")
+        if task is None:
+            raise ClusterSpecError(f"{source}.task", "missing",
+                                   'add "task": {"type": "worker", "index": 0} naming this process')
+        if not isinstance(task, Mapping):
+            raise ClusterSpecError(f"{source}.task", f"must be an object, got {type(task).__name__}",
+                                   'use {"type": "worker", "index": 0}')
+        _check_jobs_are_known(cluster, prefix=f"{source}.cluster")
+        rpc_layer = config.get("rpc_layer", "grpc")
+        if rpc_layer != "grpc":
+            raise ClusterSpecError(f"{source}.rpc_layer", f"{rpc_layer!r} is not supported",
+                                   'remove it or set it to "grpc"')
+        return cls(cluster, task.get("type"), task.get("index"), rpc_layer=rpc_layer,
+                   environment=config.get("environment"), source=source)
+
+    @classmethod
+    def local_layout(cls, roles: Mapping[str, int], host: str = "127.0.0.1",
+                     ports: list[int] | None = None, source: str = "local") -> "ClusterSpec":
+        """A cluster of `roles` (job -> task count) on one host, one port per task.
+
+        With no `ports`, free ports are picked on `host` with portpicker.
+        """
+        _check_jobs_are_known(roles, prefix=f"{source}.roles")
+        counts = {job: _count(roles[job], f"{source}.roles.{job}") for job in JOBS if job in roles}
+        total = sum(counts.values())
+        if ports is None:
+            ports = _free_ports(total)
+        if len(ports) != total:
+            raise ClusterSpecError(f"{source}.ports", f"{len(ports)} ports for {total} tasks",
+                                   "give one port per task")
+        it = iter(ports)
+        jobs = {job: [f"{host}:{next(it)}" for _ in range(n)] for job, n in counts.items() if n}
+        return cls(jobs, source=source)
+
+    def with_task(self, task_type: str, task_index: int) -> "ClusterSpec":
+        """This cluster as seen by one of its tasks."""
+        return ClusterSpec(self.jobs, task_type, task_index, self.rpc_layer, self.environment,
+                           self.source)
+
+    # ----------------------------------------------------------------- queries
+    @property
+    def is_distributed(self) -> bool:
+        """True when TF_CONFIG describes a cluster (even a 1-task one)."""
+        return bool(self.jobs)
+
+    @property
+    def task(self) -> str | None:
+        """This process's task as ``"type:index"``, or None outside a cluster."""
+        return None if self.task_type is None else f"{self.task_type}:{self.task_index}"
+
+    @property
+    def roles(self) -> dict[str, int]:
+        """Job name -> number of tasks."""
+        return {job: len(addresses) for job, addresses in self.jobs.items()}
+
+    @property
+    def num_workers(self) -> int:
+        """Tasks that compute gradients in synchronous training: chief plus workers (1 outside a cluster)."""
+        return max(1, len(self.jobs.get("chief", ())) + len(self.jobs.get("worker", ())))
+
+    @property
+    def has_ps(self) -> bool:
+        return bool(self.jobs.get("ps"))
+
+    @property
+    def leader(self) -> tuple[str, int] | None:
+        """The task whose success means the job succeeded: the chief, else worker 0."""
+        if "chief" in self.jobs:
+            return ("chief", 0)
+        if "worker" in self.jobs:
+            return ("worker", 0)
+        return None
+
+    @property
+    def is_chief(self) -> bool:
+        """True on the task that writes checkpoints and logs (and outside any cluster)."""
+        return self.task_type is None or (self.task_type, self.task_index) == self.leader
+
+    def tasks(self) -> list[tuple[str, int]]:
+        """Every (job, index) of the cluster, chief first."""
+        return [(job, i) for job, addresses in self.jobs.items() for i in range(len(addresses))]
+
+    def address(self, task_type: str, task_index: int) -> str:
+        return self.jobs[task_type][task_index]
+
+    def tf_config(self, task_type: str | None = None, task_index: int | None = None) -> dict:
+        """The TF_CONFIG dict for a task (default: this spec's own task)."""
+        task_type = self.task_type if task_type is None else task_type
+        task_index = self.task_index if task_index is None else task_index
+        _validate_task(self.jobs, task_type, task_index, prefix="task")
+        config = {"cluster": {job: list(a) for job, a in self.jobs.items()},
+                  "task": {"type": task_type, "index": task_index}}
+        if self.rpc_layer != "grpc":
+            config["rpc_layer"] = self.rpc_layer
+        if self.environment:
+            config["environment"] = self.environment
+        return config
+
+    def tf_config_json(self, task_type: str | None = None, task_index: int | None = None) -> str:
+        return json.dumps(self.tf_config(task_type, task_index), separators=(",", ":"))
+
+    def resolver(self):
+        """TensorFlow's cluster resolver for this spec.
+
+        From the environment this is `TFConfigClusterResolver` itself (TF reads TF_CONFIG as it always
+        does); for a spec built in code it is a `SimpleClusterResolver` over the same jobs and task.
+        """
+        import tensorflow as tf
+
+        if self.source == "TF_CONFIG" and os.environ.get("TF_CONFIG"):
+            return tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        return tf.distribute.cluster_resolver.SimpleClusterResolver(
+            tf.train.ClusterSpec(self.jobs), task_type=self.task_type, task_id=self.task_index,
+            rpc_layer=self.rpc_layer)
+
+    def __eq__(self, other):
+        return isinstance(other, ClusterSpec) and self._key() == other._key()
+
+    def __hash__(self):
+        return hash(self._key())
+
+    def _key(self):
+        return (tuple((j, tuple(a)) for j, a in self.jobs.items()), self.task_type, self.task_index,
+                self.rpc_layer)
+
+    def __repr__(self):
+        roles = ", ".join(f"{job}={n}" for job, n in self.roles.items()) or "single process"
+        return f"ClusterSpec({roles}, task={self.task})"
+
+
+def cluster() -> ClusterSpec:
+    """The cluster this process belongs to, from `TF_CONFIG` (a single process when it is unset).
+
+    Raises `ClusterSpecError` naming the field and the fix when TF_CONFIG is malformed.
+    """
+    return ClusterSpec.from_tf_config(os.environ.get("TF_CONFIG", ""))
+
+
+# --------------------------------------------------------------------- validation helpers
+def _check_jobs_are_known(jobs: Mapping[str, Any], prefix: str) -> None:
+    for job in jobs:
+        if job == "master":
+            raise ClusterSpecError(f"{prefix}.master", "'master' is the TF1 name of the coordinator "
+                                   "and TF 2 rejects it", "rename the job to 'chief'")
+        if job not in JOBS:
+            raise ClusterSpecError(f"{prefix}.{job}", f"unknown job {job!r}",
+                                   f"use one of {', '.join(JOBS)}")
+
+
+def _validate_jobs(jobs: Mapping[str, list[str]], prefix: str) -> None:
+    _check_jobs_are_known(jobs, prefix)
+    seen: dict[str, str] = {}
+    for job, addresses in jobs.items():
+        if not isinstance(addresses, (list, tuple)) or not addresses:
+            raise ClusterSpecError(f"{prefix}.{job}", "must be a non-empty list of 'host:port' strings",
+                                   f'write "{job}": ["host:port", ...] or remove the job')
+        for i, address in enumerate(addresses):
+            field = f"{prefix}.{job}[{i}]"
+            _validate_address(address, field)
+            if address in seen:
+                raise ClusterSpecError(field, f"address {address} is also used by {seen[address]}",
+                                       "give every task its own host:port")
+            seen[address] = field
+    for job in ("chief", "evaluator"):
+        if len(jobs.get(job, ())) > 1:
+            raise ClusterSpecError(f"{prefix}.{job}", f"{len(jobs[job])} tasks, TF allows at most one",
+                                   f"keep one {job} and make the others workers")
+    if jobs.get("ps"):
+        for needed in ("worker", "chief"):
+            if not jobs.get(needed):
+                raise ClusterSpecError(f"{prefix}.{needed}", f"parameter-server training needs a "
+                                       f"{needed} and there is none",
+                                       f'add "{needed}": ["host:port"] (chief coordinates, workers '
+                                       "compute, ps hold variables)")
+
+
+def _validate_address(address: Any, field: str) -> None:
+    if not isinstance(address, str) or not address.strip():
+        raise ClusterSpecError(field, f"empty or non-string address {address!r}",
+                               "write it as 'host:port', e.g. '127.0.0.1:2222'")
+    host, sep, port = address.rpartition(":")
+    if not sep or not host:
+        raise ClusterSpecError(field, f"address {address!r} has no host or no port",
+                               "write it as 'host:port', e.g. '127.0.0.1:2222'")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ClusterSpecError(field, f"bad port {port!r} in {address!r}",
+                               "use a port number from 1 to 65535")
+
+
+def _validate_task(jobs: Mapping[str, list[str]], task_type: Any, task_index: Any, prefix: str) -> None:
+    if not isinstance(task_type, str) or not task_type:
+        raise ClusterSpecError(f"{prefix}.type", f"missing or not a string ({task_type!r})",
+                               f"set it to one of {', '.join(JOBS)}")
+    if task_type == "master" or task_type not in JOBS:
+        _check_jobs_are_known({task_type: None}, prefix=f"{prefix}.type")
+    if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
+        raise ClusterSpecError(f"{prefix}.index", f"must be a non-negative integer, got {task_index!r}",
+                               'write e.g. "index": 0')
+    count = len(jobs.get(task_type, ()))
+    if task_type == "evaluator" and count == 0:
+        if task_index != 0:
+            raise ClusterSpecError(f"{prefix}.index", f"evaluator index {task_index} out of range",
+                                   "there is one evaluator: use index 0")
+        return
+    if count == 0:
+        raise ClusterSpecError(f"{prefix}.type", f"job {task_type!r} is not in the cluster",
+                               f'add "{task_type}" to "cluster" or pick one of '
+                               f"{', '.join(jobs) or 'its jobs'}")
+    if task_index >= count:
+        raise ClusterSpecError(f"{prefix}.index", f"index {task_index} out of range: job "
+                               f"{task_type!r} has {count} task(s)",
+                               f"use an index from 0 to {count - 1}")
+
+
+def _count(value: Any, field: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ClusterSpecError(field, f"task count must be a non-negative integer, got {value!r}",
+                               "write e.g. 2")
+    return value
+
+
+def _free_ports(count: int) -> list[int]:
+    import portpicker
+
+    ports: list[int] = []
+    while len(ports) < count:
+        port = portpicker.pick_unused_port()
+        if port not in ports:
+            ports.append(port)
+    return ports

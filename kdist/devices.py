@@ -1,0 +1,30 @@
+"""Local device helpers."""
+
+from __future__ import annotations
+
+
+def split_cpu(count: int) -> list[str]:
+    """Splits the host CPU into `count` logical devices; returns their names.
+
+    Must run before TensorFlow initialises its devices (before the first op or strategy), which is
+    why it is a separate call: use it at the top of a script to try Mirrored training on a laptop.
+
+    >>> import kdist
+    >>> kdist.split_cpu(2)                                  # doctest: +SKIP
+    ['/device:CPU:0', '/device:CPU:1']
+    """
+    import tensorflow as tf
+
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"count={count!r}: use a positive number of logical CPU devices")
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    try:
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+    except RuntimeError as err:
+        current = tf.config.get_logical_device_configuration(cpu)
+        if current is None or len(current) != count:
+            raise RuntimeError(f"split_cpu({count}) must be called before TensorFlow initialises its "
+                               "devices: call it at the top of the script, before any op, dataset, "
+                               "model or strategy") from err
+    return [d.name for d in tf.config.list_logical_devices("CPU")]

@@ -1,0 +1,227 @@
+"""`kdist launch`: run one command as every task of a local cluster, like torchrun for tf.distribute.
+
+Every task gets its own TF_CONFIG (addresses on 127.0.0.1, ports from portpicker), its output lines
+prefixed with ``[worker-1]``, and its own process group. The launcher is a small state machine::
+
+    RUNNING --leader exits 0--------------> FINISHING --rest exit or grace ends--> SUCCEEDED (0)
+    RUNNING --any task exits non-zero-----> FAILED    (that task's exit code, the rest killed)
+    RUNNING --SIGINT/SIGTERM--------------> INTERRUPTED (128 + signal, every child stopped)
+    RUNNING --timeout---------------------> TIMED_OUT (124, every child stopped)
+
+The leader is the chief, or worker 0 when there is no chief. ps tasks (and the workers of a
+parameter-server cluster, which only serve) never exit on their own: they are stopped as soon as
+the leader succeeds. Children also get SIGKILL from the kernel if the launcher itself dies.
+
+>>> from kdist.cluster import ClusterSpec
+>>> from kdist.launcher import Launcher
+>>> code = Launcher(ClusterSpec.local_layout({"worker": 2}),
+...                 ["python", "-c", "import os; print(os.environ['TF_CONFIG'])"]).run()
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import IO, Sequence
+
+from kdist.cluster import ClusterSpec
+
+LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
+
+
+class State(enum.Enum):
+    RUNNING = "running"
+    FINISHING = "finishing"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+    TIMED_OUT = "timed out"
+
+
+EXIT_TIMED_OUT = 124  # as coreutils `timeout`
+
+
+def exit_code_of(returncode: int) -> int:
+    """A child's exit status as a shell reports it (killed by signal N -> 128 + N)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGKILL us when the launcher dies."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):  # not Linux: the signal handlers still clean up
+        pass
+
+
+class Task:
+    """One child process of the cluster."""
+
+    def __init__(self, task_type: str, index: int, process: subprocess.Popen):
+        self.task_type, self.index, self.process = task_type, index, process
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}-{self.index}"
+
+    def poll(self) -> int | None:
+        code = self.process.poll()
+        return None if code is None else exit_code_of(code)
+
+
+class Launcher:
+    """Starts every task of `spec` running `command`, supervises them, returns the job's exit code.
+
+    Args:
+        spec: the cluster (without a task); every address must be on this machine's loopback.
+        command: argv run for every task.
+        timeout: seconds before the whole job is stopped with exit code 124 (None: no limit).
+        grace: seconds the other workers get to finish after the leader succeeded.
+        stop_timeout: seconds between SIGTERM and SIGKILL when stopping a task.
+        output: where prefixed lines go (default: stdout).
+    """
+
+    def __init__(self, spec: ClusterSpec, command: Sequence[str], timeout: float | None = None,
+                 grace: float = 30.0, stop_timeout: float = 5.0, output: IO[str] | None = None,
+                 env: dict[str, str] | None = None):
+        if not command:
+            raise ValueError("command is empty: give the program to run after '--', e.g. "
+                             "kdist launch -- python train.py")
+        non_local = [a for addresses in spec.jobs.values() for a in addresses
+                     if not a.startswith(LOOPBACK_PREFIXES)]
+        if non_local:
+            raise ValueError(f"address {non_local[0]}: the local launcher runs every task on this "
+                             "machine's loopback (127.0.0.1) only; use a roles-only spec or "
+                             "127.0.0.1 addresses")
+        if spec.leader is None:
+            raise ValueError("the cluster has no chief and no worker to run the job")
+        self.spec, self.command = spec, list(command)
+        self.timeout, self.grace, self.stop_timeout = timeout, grace, stop_timeout
+        self.output = output or sys.stdout
+        self.env = dict(os.environ if env is None else env)
+        self.state = State.RUNNING
+        self.tasks: list[Task] = []
+        self._lock = threading.Lock()
+        self._readers: list[threading.Thread] = []
+        self._signal: int | None = None
+
+    # ------------------------------------------------------------------ public
+    def run(self) -> int:
+        previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            self._start_all()
+            return self._supervise()
+        finally:
+            self._stop_all()
+            for reader in self._readers:
+                reader.join(timeout=5)
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def log(self, message: str) -> None:
+        self._write(f"[kdist] {message}\n")
+
+    # ------------------------------------------------------------------ states
+    def _supervise(self) -> int:
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        leader = self._task(*self.spec.leader)
+        finish_by = None
+        while True:
+            if self._signal is not None:
+                self.state = State.INTERRUPTED
+                self.log(f"received {signal.Signals(self._signal).name}: stopping every task")
+                return 128 + self._signal
+            if deadline is not None and time.monotonic() > deadline:
+                self.state = State.TIMED_OUT
+                self.log(f"timed out after {self.timeout:g}s: stopping every task")
+                return EXIT_TIMED_OUT
+            failed = next((t for t in self.tasks if t.poll() not in (None, 0)), None)
+            if failed is not None and self.state is State.RUNNING:
+                self.state = State.FAILED
+                self.log(f"{failed.name} exited with code {failed.poll()}: stopping the other tasks")
+                return failed.poll()
+            if self.state is State.RUNNING and leader.poll() == 0:
+                self.state = State.FINISHING
+                finish_by = time.monotonic() + self.grace
+                self.log(f"{leader.name} succeeded; stopping servers, waiting up to {self.grace:g}s "
+                         "for the other workers")
+                self._stop(self._servers())
+            if self.state is State.FINISHING:
+                running = [t for t in self.tasks if t.poll() is None]
+                if not running or time.monotonic() > finish_by:
+                    if running:
+                        self.log("grace period over: stopping " + ", ".join(t.name for t in running))
+                    self.state = State.SUCCEEDED
+                    return 0
+            time.sleep(0.1)
+
+    # ------------------------------------------------------------------ processes
+    def _start_all(self) -> None:
+        for task_type, index in self.spec.tasks():
+            env = dict(self.env, TF_CONFIG=self.spec.tf_config_json(task_type, index),
+                       PYTHONUNBUFFERED="1")
+            process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                       start_new_session=True, preexec_fn=_die_with_parent,
+                                       text=True, errors="replace", bufsize=1)
+            self.tasks.append(Task(task_type, index, process))
+        self.log(f"started {len(self.tasks)} task(s): "
+                 + ", ".join(f"{t.name}={self.spec.address(t.task_type, t.index)}"
+                             for t in self.tasks))
+        for task in self.tasks:  # after every fork: no thread exists while preexec_fn runs
+            reader = threading.Thread(target=self._pump, args=(task,), daemon=True)
+            reader.start()
+            self._readers.append(reader)
+
+    def _pump(self, task: Task) -> None:
+        prefix = f"[{task.name}] "
+        for line in task.process.stdout:
+            self._write(prefix + line if line.endswith("\n") else prefix + line + "\n")
+
+    def _write(self, text: str) -> None:
+        with self._lock:
+            self.output.write(text)
+            self.output.flush()
+
+    def _servers(self) -> list[Task]:
+        """Tasks that never exit on their own: ps, and the workers of a parameter-server cluster."""
+        serving = {"ps", "worker"} if self.spec.has_ps else {"ps"}
+        return [t for t in self.tasks if t.task_type in serving]
+
+    def _stop(self, tasks: list[Task]) -> None:
+        """SIGTERM each task's process group, then SIGKILL what is left after `stop_timeout`."""
+        alive = [t for t in tasks if t.poll() is None]
+        for task in alive:
+            _signal_group(task.process, signal.SIGTERM)
+        deadline = time.monotonic() + self.stop_timeout
+        for task in alive:
+            try:
+                task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        for task in tasks:
+            _signal_group(task.process, signal.SIGKILL)  # also reaps grandchildren left behind
+            task.process.wait()
+
+    def _stop_all(self) -> None:
+        self._stop(self.tasks)
+
+    def _task(self, task_type: str, index: int) -> Task:
+        return next(t for t in self.tasks if (t.task_type, t.index) == (task_type, index))
+
+    def _on_signal(self, signum, frame) -> None:
+        self._signal = signum
+
+
+def _signal_group(process: subprocess.Popen, sig: int) -> None:
+    try:
+        os.killpg(process.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass

@@ -1,0 +1,100 @@
+"""Options shared by every strategy builder, validated once.
+
+`StrategyOptions` is what `kdist.scope(**options)` accepts. Each strategy module declares the option
+names it uses (`OPTIONS`); options that do not apply to the chosen strategy are reported by
+`kdist.scope()` in its log line, never dropped silently.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Sequence
+
+ALL_REDUCE = ("auto", "ring", "nccl")
+
+
+@dataclasses.dataclass(frozen=True)
+class StrategyOptions:
+    """Options for building a `tf.distribute` strategy.
+
+    Args:
+        devices: device names for Mirrored (e.g. ``["/cpu:0", "/cpu:1"]``) or one device for the
+            one-device strategy. None: every local GPU, else the logical CPU devices configured.
+        all_reduce: ``"auto"``, ``"ring"`` or ``"nccl"``: the collective implementation.
+        bytes_per_pack: pack gradients into chunks of this many bytes before all-reducing (0: TF's
+            default of one pack per dtype).
+        collective_timeout: seconds after which a collective fails instead of waiting for a dead peer.
+        variable_partitioner: ParameterServer only; a `tf.distribute.experimental.partitioners`
+            partitioner that shards large variables over the ps tasks.
+    """
+
+    devices: tuple[str, ...] | None = None
+    all_reduce: str = "auto"
+    bytes_per_pack: int = 0
+    collective_timeout: float | None = None
+    variable_partitioner: Callable | None = None
+
+    def __post_init__(self):
+        if self.devices is not None:
+            devices = (self.devices,) if isinstance(self.devices, str) else tuple(self.devices)
+            if not devices or not all(isinstance(d, str) and d for d in devices):
+                raise ValueError(f"devices={self.devices!r}: give a non-empty list of device names "
+                                 "such as ['/cpu:0', '/cpu:1'], or leave it unset")
+            object.__setattr__(self, "devices", devices)
+        if self.all_reduce not in ALL_REDUCE:
+            raise ValueError(f"all_reduce={self.all_reduce!r}: use one of {', '.join(ALL_REDUCE)}")
+        if isinstance(self.bytes_per_pack, bool) or not isinstance(self.bytes_per_pack, int) \
+                or self.bytes_per_pack < 0:
+            raise ValueError(f"bytes_per_pack={self.bytes_per_pack!r}: use a non-negative integer "
+                             "(0 lets TensorFlow choose)")
+        if self.collective_timeout is not None and not (
+                isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
+            raise ValueError(f"collective_timeout={self.collective_timeout!r}: use a positive number "
+                             "of seconds, or None to wait forever")
+
+    @classmethod
+    def from_kwargs(cls, options: dict[str, Any]) -> "StrategyOptions":
+        """Builds options from keyword arguments, rejecting unknown names with the valid ones listed."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise TypeError(f"kdist.scope() got unknown option {unknown[0]!r}; valid options: "
+                            f"{', '.join(sorted(names))}")
+        return cls(**options)
+
+    def given(self) -> set[str]:
+        """Names of the options that differ from their defaults."""
+        return {f.name for f in dataclasses.fields(self)
+                if getattr(self, f.name) != f.default}
+
+    def communication_options(self):
+        """The `tf.distribute.experimental.CommunicationOptions` these options describe."""
+        import tensorflow as tf
+
+        implementation = tf.distribute.experimental.CommunicationImplementation[self.all_reduce.upper()]
+        return tf.distribute.experimental.CommunicationOptions(
+            bytes_per_pack=self.bytes_per_pack, timeout_seconds=self.collective_timeout,
+            implementation=implementation)
+
+
+def local_devices(requested: Sequence[str] | None) -> list[str]:
+    """The devices a single-worker strategy replicates over, checked to exist."""
+    import tensorflow as tf
+
+    if requested is None:
+        gpus = tf.config.list_logical_devices("GPU")
+        return [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+    known = {_canonical(d.name) for d in tf.config.list_logical_devices()}
+    missing = [d for d in requested if _canonical(d) not in known]
+    if missing:
+        raise ValueError(f"devices: {missing[0]!r} does not exist on this machine; the logical devices "
+                         f"are {sorted(known)}. Split the CPU with kdist.split_cpu(n) before TF starts, "
+                         "or name existing devices")
+    return list(requested)
+
+
+def _canonical(name: str) -> str:
+    """'/cpu:0' and '/job:localhost/replica:0/task:0/device:CPU:0' -> 'CPU:0'."""
+    tail = name.split("/")[-1]
+    kind, _, index = tail.replace("device:", "").rpartition(":")
+    return f"{kind.upper()}:{index}"

@@ -1,0 +1,34 @@
+"""Shared fixtures: run kdist's real programs in fresh processes, and leave nothing behind."""
+
+import os
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PROGRAMS = os.path.join(ROOT, "tests", "programs")
+QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
+
+
+def run_python(args, timeout, env=None, cwd=ROOT):
+    """Runs `python ARGS` in a fresh process (fresh TF runtime); killed at `timeout` seconds."""
+    return subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env={**os.environ, **QUIET_TF, **(env or {})})
+
+
+def run_kdist(args, timeout, env=None):
+    """Runs the `kdist` command line (`python -m kdist ARGS`)."""
+    return run_python(["-m", "kdist", *args], timeout=timeout, env=env)
+
+
+@pytest.fixture(autouse=True)
+def no_orphans():
+    """Fails a test that leaves a child process of pytest running (TF servers included)."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+    left = [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+    for process in left:
+        process.kill()
+    assert not left, f"processes left running: {[p.cmdline() for p in left]}"

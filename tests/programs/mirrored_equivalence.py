@@ -1,0 +1,54 @@
+"""Synchronous SGD on N logical CPU devices equals one device with an N-times larger batch.
+
+Run by tests/test_mirrored.py as `python mirrored_equivalence.py N` (a fresh process per N: the
+CPU must be split before TensorFlow initialises). Prints one JSON line.
+"""
+
+import json
+import sys
+
+import kdist
+
+replicas = int(sys.argv[1])
+devices = kdist.split_cpu(replicas)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+PER_REPLICA, STEPS = 8, 5
+rng = np.random.default_rng(1)
+x = rng.normal(size=(PER_REPLICA * replicas * STEPS, 5)).astype("float32")
+y = (x @ rng.normal(size=(5, 1)) + 0.1 * rng.normal(size=(len(x), 1))).astype("float32")
+
+
+def build():
+    model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(4, activation="tanh"),
+                              keras.layers.Dense(1)])
+    model.compile(keras.optimizers.SGD(0.05), "mse")
+    return model
+
+
+with kdist.scope(devices=devices) as strategy:
+    distributed = build()
+    global_batch = kdist.global_batch_size(PER_REPLICA)
+reference = build()  # plain Keras, default strategy, one device
+initial = distributed.get_weights()
+reference.set_weights(initial)
+
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
+distributed_history = distributed.fit(dataset, epochs=2, verbose=0, shuffle=False)
+reference_history = reference.fit(dataset, epochs=2, verbose=0, shuffle=False)
+
+print(json.dumps({
+    "strategy": type(strategy).__name__,
+    "replicas": strategy.num_replicas_in_sync,
+    "global_batch": global_batch,
+    "variable_type": type(distributed.layers[0].kernel.value).__name__,
+    "max_weight_diff": max(float(np.abs(a - b).max()) for a, b in
+                           zip(distributed.get_weights(), reference.get_weights())),
+    "training_change": max(float(np.abs(a - b).max()) for a, b in
+                           zip(distributed.get_weights(), initial)),
+    "loss": distributed_history.history["loss"],
+    "reference_loss": reference_history.history["loss"],
+}))

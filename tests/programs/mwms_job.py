@@ -1,0 +1,142 @@
+"""Keras 3 under MultiWorkerMirroredStrategy, run by tests/test_multi_worker.py as
+`kdist launch --workers 2 -- python tests/programs/mwms_job.py OUT_DIR`.
+
+Every worker runs the same steps (collectives must match) and writes what it saw to
+OUT_DIR/<task>.json and OUT_DIR/<task>-weights.npz; the test compares the workers.
+"""
+
+import glob
+import json
+import os
+import sys
+import tempfile
+
+import kdist
+
+out_dir = sys.argv[1]
+spec = kdist.cluster()
+strategy = kdist.strategy()  # first thing: MWMS must exist before any other TF op
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from keras.src.backend.tensorflow.trainer import TFEpochIterator  # noqa: E402
+
+from kdist import keras_compat  # noqa: E402
+
+report = {"task": spec.task, "is_chief": spec.is_chief, "strategy": type(strategy).__name__,
+          "replicas": strategy.num_replicas_in_sync}
+rng = np.random.default_rng(0)  # identical data on every worker, as with a shared file
+x = rng.normal(size=(203, 8)).astype("float32")  # 203: the last global batch is uneven
+y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+GLOBAL_BATCH = kdist.global_batch_size(16)
+
+
+def make_model():
+    with kdist.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    return model
+
+
+def error_of(fn):
+    try:
+        fn()
+    except Exception as err:  # the upstream bug, recorded for the test
+        return f"{type(err).__name__}: {err}"[:300]
+    return None
+
+
+def shard_of_one_epoch():
+    """Indices this worker's replicas get from Keras's in-memory pipeline in one shuffled epoch."""
+    indices = np.arange(64, dtype="float32").reshape(-1, 1)
+    iterator = TFEpochIterator(x=indices, batch_size=8, shuffle=True, distribute_strategy=strategy)
+    seen = []
+    with iterator.catch_stop_iteration():
+        for _, _, it in iterator:
+            batch = tf.nest.flatten(next(it))[0]
+            for value in strategy.experimental_local_results(batch):
+                seen += value.numpy().ravel().astype(int).tolist()
+    return seen
+
+
+# 1. Regression evidence: each upstream bug still breaks Keras without kdist's workaround.
+keras_compat.uninstall()
+report["unpatched_fit_error"] = error_of(lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH,
+                                                                  epochs=1, verbose=0))
+report["unpatched_shard"] = shard_of_one_epoch()
+patches = {w.name: w for w in keras_compat.WORKAROUNDS}
+patches["symbolic_build_without_collective"].install()
+report["only_build_patched_fit_error"] = error_of(
+    lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0))
+report["workarounds"] = keras_compat.install()
+report["patched_shard"] = shard_of_one_epoch()
+
+# 2. fit on in-memory arrays (shuffled) with the multi-worker-safe callbacks.
+model = make_model()
+checkpoint = kdist.callbacks.ModelCheckpoint(os.path.join(out_dir, "ckpt", "model-{epoch}.keras"))
+tensorboard = kdist.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))
+history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=4, validation_data=(x, y),
+                    callbacks=[checkpoint, tensorboard])
+report["loss"] = history.history["loss"]
+report["val_accuracy"] = history.history["val_accuracy"]
+report["checkpoint_dir"] = checkpoint.last_written_dir
+report["leftover_temp_dirs"] = glob.glob(os.path.join(
+    tempfile.gettempdir(), f"kdist-workertemp-{spec.task_type}-{spec.task_index}-*"))
+
+# 3. evaluate is exact: every example counted once, matching a local computation on all data.
+dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
+evaluation = model.evaluate(dataset, return_dict=True, verbose=0)
+logits = model(x).numpy()
+report["evaluate"] = evaluation
+report["reference_accuracy"] = float((logits.argmax(1) == y).mean())
+report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits))
+
+# 4. predict returns every row, in input order (numpy and tf.data inputs).
+report["predict_numpy_max_diff"] = float(np.abs(model.predict(x, batch_size=GLOBAL_BATCH,
+                                                              verbose=0) - logits).max())
+predicted = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH), verbose=0)
+report["predict_rows"] = int(predicted.shape[0])
+report["predict_dataset_max_diff"] = float(np.abs(predicted - logits).max())
+np.savez(os.path.join(out_dir, f"{spec.task}-weights.npz"), *model.get_weights())
+
+# 5. dict inputs (keras-team/keras#20329): fit, evaluate, predict.
+with kdist.scope():
+    inputs = {"left": keras.Input((4,), name="left"), "right": keras.Input((4,), name="right")}
+    merged = keras.layers.Concatenate()([inputs["left"], inputs["right"]])
+    dict_model = keras.Model(inputs, keras.layers.Dense(2)(merged))
+    dict_model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+features = {"left": x[:, :4], "right": x[:, 4:]}
+dict_history = dict_model.fit(tf.data.Dataset.from_tensor_slices((features, y)).batch(GLOBAL_BATCH),
+                              epochs=2, verbose=0)
+report["dict_loss"] = dict_history.history["loss"]
+report["dict_predict_max_diff"] = float(np.abs(
+    dict_model.predict(features, batch_size=GLOBAL_BATCH, verbose=0)
+    - dict_model(features).numpy()).max())
+
+# 6. BackupAndRestore: a second fit resumes from the chief's backup on every worker.
+backup_dir = os.path.join(out_dir, "backup")
+resumed = make_model()
+resumed.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0,
+            callbacks=[kdist.callbacks.BackupAndRestore(backup_dir, delete_checkpoint=False)])
+weights_after_two = [w.tolist() for w in resumed.get_weights()]
+again = make_model()
+again_history = again.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, verbose=0,
+                          callbacks=[kdist.callbacks.BackupAndRestore(backup_dir)])
+report["resumed_epochs_run"] = len(again_history.history["loss"])
+report["resumed_from_backup"] = bool(again._initial_epoch == 2)
+report["weights_after_two_checksum"] = float(sum(np.sum(w) for w in map(np.asarray, weights_after_two)))
+
+# 7. The sockets this process listens on (TF's gRPC server).
+port = int(spec.address(spec.task_type, spec.task_index).rsplit(":", 1)[1])
+report["listening"] = sorted({f"{c.laddr.ip}:{c.laddr.port}"
+                              for c in psutil.Process().net_connections(kind="tcp")
+                              if c.status == psutil.CONN_LISTEN and c.laddr.port == port})
+
+with open(os.path.join(out_dir, f"{spec.task}.json"), "w") as f:
+    json.dump(report, f)
+print("mwms_job done", spec.task)

@@ -1,0 +1,21 @@
+"""MirroredStrategy over logical CPU devices: the synchronous-SGD claim, checked numerically."""
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
+    result = run_python(["tests/programs/mirrored_equivalence.py", str(replicas)], timeout=240)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["strategy"] == "MirroredStrategy" and report["replicas"] == replicas
+    assert report["variable_type"] == "MirroredVariable"
+    assert report["global_batch"] == 8 * replicas
+    assert report["training_change"] > 1e-2  # the weights really moved...
+    assert report["max_weight_diff"] < 1e-5  # ...and identically to one device with batch n*b
+    assert report["loss"] == pytest.approx(report["reference_loss"], rel=1e-5)
+    assert report["loss"][1] < report["loss"][0]

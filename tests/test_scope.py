@@ -1,0 +1,163 @@
+"""kdist.scope(): strategy auto-selection, overrides, reuse, options, batch and LR helpers."""
+
+import json
+import logging
+
+import keras
+import numpy as np
+import pytest
+
+import kdist
+import strategies
+from kdist import keras_compat
+from strategies import StrategyOptions
+
+W2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+
+@pytest.fixture
+def kdist_log():
+    """Lines logged to the "kdist" logger during the test."""
+    lines = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("kdist").addHandler(handler)
+    yield lines
+    logging.getLogger("kdist").removeHandler(handler)
+
+
+@pytest.mark.parametrize("cluster,options,gpus,expected", [
+    ({}, {}, 0, "default"),
+    ({}, {}, 1, "default"),
+    ({}, {}, 2, "mirrored"),
+    ({}, {"devices": ["/cpu:0", "/cpu:1"]}, 0, "mirrored"),
+    ({}, {"devices": ["/cpu:0"]}, 0, "default"),
+    ({"worker": ["127.0.0.1:1"]}, {}, 0, "default"),
+    (W2, {}, 0, "multi_worker"),
+    (W2, {}, 4, "multi_worker"),
+    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, {}, 0, "multi_worker"),
+    ({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]}, {}, 2,
+     "parameter_server"),
+])
+def test_auto_selection_for_each_tf_config_shape(cluster, options, gpus, expected):
+    config = {"cluster": cluster, "task": {"type": next(iter(cluster)), "index": 0}} if cluster else {}
+    spec = kdist.ClusterSpec.from_tf_config(config)
+    assert strategies.choose(spec, StrategyOptions(**options), num_gpus=gpus) == expected
+
+
+def test_default_scope_trains_and_is_reused():
+    with kdist.scope() as first:
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    model.fit(np.ones((8, 3)), np.ones((8, 1)), verbose=0)
+    with kdist.scope() as second:
+        pass
+    assert first is second and kdist.current_strategy() is first
+    assert first.num_replicas_in_sync == 1
+
+
+def test_scope_logs_one_line_with_strategy_replicas_task(kdist_log):
+    kdist.strategy("default", devices=["/cpu:0"])
+    kdist.strategy("default", devices=["/cpu:0"])  # reused: not logged again
+    assert kdist_log == ["kdist: strategy default (OneDeviceStrategy), 1 replica(s) in sync, "
+                         "task local"]
+
+
+def test_options_that_do_not_apply_are_reported(kdist_log):
+    kdist.strategy("default", collective_timeout=30)
+    assert "options not used by this strategy: collective_timeout" in kdist_log[0]
+
+
+def test_environment_overrides_auto(monkeypatch):
+    monkeypatch.setenv("KDIST_STRATEGY", "default")
+    assert kdist.strategy() is kdist.strategy("default")
+    monkeypatch.setenv("KDIST_STRATEGY", "mirrored")
+    with pytest.raises(ValueError, match="conflicts with KDIST_STRATEGY='mirrored'"):
+        kdist.strategy("default")
+    monkeypatch.setenv("KDIST_STRATEGY", "horovod")
+    with pytest.raises(ValueError, match="KDIST_STRATEGY='horovod': use 'auto' or one of"):
+        kdist.strategy()
+
+
+@pytest.mark.parametrize("options,words", [
+    ({"device": ["/cpu:0"]}, "unknown option 'device'"),
+    ({"all_reduce": "tree"}, "all_reduce='tree'"),
+    ({"bytes_per_pack": -1}, "bytes_per_pack=-1"),
+    ({"collective_timeout": 0}, "collective_timeout=0"),
+    ({"devices": []}, "devices=[]"),
+])
+def test_bad_options_are_rejected(options, words):
+    with pytest.raises((TypeError, ValueError)) as info:
+        kdist.strategy(**options)
+    assert words in str(info.value)
+
+
+def test_missing_device_is_a_clear_error():
+    with pytest.raises(ValueError, match="'/gpu:7' does not exist"):
+        kdist.strategy("mirrored", devices=["/cpu:0", "/gpu:7"])
+
+
+def test_multi_worker_after_other_ops_explains_the_ordering_rule(monkeypatch):
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # TF is initialised: collectives can no longer be configured
+    monkeypatch.setenv("TF_CONFIG", json.dumps({"cluster": W2, "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(RuntimeError, match="must be created before any other TensorFlow operation"):
+        kdist.strategy()
+
+
+def test_parameter_server_strategy_is_built_on_the_chief_only(monkeypatch):
+    monkeypatch.setenv("TF_CONFIG", json.dumps({
+        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
+        "task": {"type": "worker", "index": 0}}))
+    with pytest.raises(RuntimeError, match="created on the chief only"):
+        kdist.strategy()
+
+
+def test_global_batch_size_and_learning_rate_follow_replicas():
+    strategy = kdist.strategy("default")
+    assert kdist.global_batch_size(64) == 64 and kdist.scale_learning_rate(0.1) == 0.1
+
+    class FourReplicas:
+        num_replicas_in_sync = 4
+
+    assert kdist.global_batch_size(32, strategy=FourReplicas()) == 128
+    assert kdist.scale_learning_rate(0.1, strategy=FourReplicas()) == pytest.approx(0.4)
+    with pytest.raises(ValueError, match="per_replica=0"):
+        kdist.global_batch_size(0)
+    assert strategy is kdist.current_strategy()
+
+
+def test_linear_warmup_ramps_then_hands_over():
+    after = keras.optimizers.schedules.ExponentialDecay(0.4, decay_steps=10, decay_rate=0.5)
+    schedule = kdist.LinearWarmup(0.4, warmup_steps=4, after=after)
+    values = [float(schedule(step)) for step in (0, 2, 4, 14)]
+    assert values == pytest.approx([0.0, 0.2, 0.4, 0.2])
+    restored = kdist.LinearWarmup.from_config(schedule.get_config())
+    assert float(restored(14)) == pytest.approx(0.2)
+    assert float(kdist.LinearWarmup(1.0, warmup_steps=10, initial=0.5)(20)) == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="warmup_steps=0"):
+        kdist.LinearWarmup(0.1, warmup_steps=0)
+
+
+def test_workarounds_are_gated_on_the_versions_they_target():
+    for workaround in keras_compat.WORKAROUNDS:
+        assert workaround.upstream and workaround.keras_versions and workaround.tf_versions
+        assert workaround.applies(keras.__version__, __import__("tensorflow").__version__)
+        assert not workaround.applies("3.16.0", "2.21.0")
+        assert not workaround.applies("3.15.1", "2.22.0")
+        assert not workaround.applies("2.15.0", "2.21.0")
+
+
+def test_uninstall_restores_keras_exactly():
+    from keras.src.backend.tensorflow import trainer
+
+    keras_compat.install()
+    patched = trainer.reduce_per_replica
+    keras_compat.uninstall()
+    assert trainer.reduce_per_replica is not patched
+    assert trainer.reduce_per_replica.__module__ == "keras.src.backend.tensorflow.trainer"
+    assert "kdist" not in trainer.TensorFlowTrainer.fit.__code__.co_filename
+    keras_compat.install()
+    assert trainer.reduce_per_replica is not patched and "kdist" in \
+        trainer.reduce_per_replica.__code__.co_filename
