@@ -12,10 +12,15 @@ The leader is the chief, or worker 0 when there is no chief. ps tasks (and the w
 parameter-server cluster, which only serve) never exit on their own: they are stopped as soon as
 the leader succeeds. Children also get SIGKILL from the kernel if the launcher itself dies.
 
+>>> import io
 >>> from kdist.cluster import ClusterSpec
 >>> from kdist.launcher import Launcher
->>> code = Launcher(ClusterSpec.local_layout({"worker": 2}),
-...                 ["python", "-c", "import os; print(os.environ['TF_CONFIG'])"]).run()
+>>> log = io.StringIO()
+>>> Launcher(ClusterSpec.local_layout({"worker": 2}),
+...          ["python", "-c", "import os; print(os.environ['TF_CONFIG'])"], output=log).run()
+0
+>>> '[worker-1] {"cluster":{"worker":["127.0.0.1:' in log.getvalue()
+True
 """
 
 from __future__ import annotations

@@ -1,0 +1,28 @@
+"""A stand-in task for launcher tests: `task.py PID_DIR RULE...` with RULE = `TASK=ACTION`.
+
+TASK is e.g. `worker:1` or `*`; ACTION is `exitN` (exit with code N), `sleep` (serve forever, like a
+ps), `print` (print TF_CONFIG and exit 0) or `waitN` (sleep N seconds, exit 0). Writes its pid to
+PID_DIR/<task>.pid first.
+"""
+
+import json
+import os
+import sys
+import time
+
+config = json.loads(os.environ["TF_CONFIG"])
+task = f"{config['task']['type']}:{config['task']['index']}"
+pid_dir, rules = sys.argv[1], dict(rule.split("=", 1) for rule in sys.argv[2:])
+with open(os.path.join(pid_dir, f"{task}.pid"), "w") as f:
+    f.write(str(os.getpid()))
+action = rules.get(task, rules.get("*", "print"))
+print(f"task {task} does {action}")
+if action == "print":
+    print(json.dumps(config))
+elif action.startswith("exit"):
+    sys.exit(int(action[4:]))
+elif action.startswith("wait"):
+    time.sleep(float(action[4:]))
+elif action == "sleep":
+    while True:
+        time.sleep(1)

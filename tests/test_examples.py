@@ -1,0 +1,63 @@
+"""The MNIST examples: tensorflow-datasets path under tfds.testing.mock_data, offline fallback for real."""
+
+import os
+import re
+import sys
+
+import pytest
+
+from conftest import ROOT, run_python
+
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+
+import mnist_data  # noqa: E402
+
+
+def test_tfds_path_trains_under_mock_data(tmp_path):
+    import tensorflow_datasets as tfds
+
+    import mnist_multiworker
+
+    with tfds.testing.mock_data(num_examples=96):
+        assert mnist_data.resolve("mnist", str(tmp_path)) == "mnist"
+        data = mnist_data.load("mnist", str(tmp_path))
+        assert data.name == "mnist" and data.x_train.shape == (96, 28, 28)
+        assert data.x_train.dtype == "float32" and 0.0 <= data.x_train.min() <= data.x_train.max() <= 1
+        accuracy = mnist_multiworker.train("mnist", epochs=1, per_replica_batch=32,
+                                           learning_rate=1e-3, data_dir=str(tmp_path))
+    assert 0.0 <= accuracy <= 1.0
+
+
+def test_shipped_digits_are_real_and_split():
+    data = mnist_data.load("digits")
+    assert (len(data.x_train), len(data.x_test)) == (1437, 360)
+    assert data.x_train.shape[1:] == (8, 8) and sorted(set(data.y_train.tolist())) == list(range(10))
+
+
+def test_bad_data_source_is_a_clear_error():
+    with pytest.raises(ValueError, match="--data='cifar': use one of auto, mnist, digits"):
+        mnist_data.resolve("cifar")
+
+
+def test_example_launches_itself_on_two_workers_and_falls_back_offline(tmp_path):
+    """`python examples/mnist_multiworker.py` with no TF_CONFIG and no other set-up."""
+    result = run_python(["examples/mnist_multiworker.py", f"--data_dir={tmp_path}"], timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "launching a local cluster of 2 workers on 127.0.0.1" in output
+    offline = "!!! OFFLINE: MNIST cannot be downloaded" in output
+    match = re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy (\S+) after 5 epochs, "
+                      r"2 replica\(s\), global batch 128", output)
+    assert match, output[-4000:]
+    assert match.group(1) == ("uci_digits" if offline else "mnist")
+    assert float(match.group(2)) >= (0.93 if offline else 0.97)
+    assert not re.search(r"\[worker-1\].*test accuracy", output)  # only the chief reports
+
+
+def test_mirrored_example_on_logical_cpus():
+    result = run_python(["examples/mnist_mirrored.py", "--data=digits", "--epochs=3",
+                         "--cpu_devices=4"], timeout=240)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert re.search(r"uci_digits: test accuracy 0\.9\d+ after 3 epochs, 4 replica\(s\), "
+                     r"global batch 256", result.stdout)
+    assert "strategy mirrored (MirroredStrategy), 4 replica(s)" in result.stderr

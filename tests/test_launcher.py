@@ -1,0 +1,141 @@
+"""`kdist launch`: real child processes, real signals, nothing left behind."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import psutil
+import pytest
+
+from conftest import ROOT, run_kdist
+
+TASK = os.path.join(ROOT, "tests", "programs", "task.py")
+
+
+def launch(tmp_path, roles, *rules, timeout=60, extra=()):
+    result = run_kdist(["launch", *roles, *extra, "--", sys.executable, TASK, str(tmp_path), *rules],
+                       timeout=timeout)
+    return result
+
+
+def pids(tmp_path):
+    return {p.name[:-4]: int(p.read_text()) for p in tmp_path.glob("*.pid")}
+
+
+def assert_all_gone(tmp_path, expected):
+    found = pids(tmp_path)
+    assert sorted(found) == sorted(expected)
+    alive = [task for task, pid in found.items() if psutil.pid_exists(pid)
+             and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE]
+    assert not alive, f"still running: {alive}"
+
+
+def test_every_line_is_prefixed_and_every_task_gets_its_tf_config(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "2"], "*=print")
+    assert result.returncode == 0, result.stdout + result.stderr
+    configs = {}
+    for line in result.stdout.splitlines():
+        assert line.startswith(("[kdist] ", "[chief-0] ", "[worker-0] ", "[worker-1] ")), line
+        prefix, _, text = line.partition(" ")
+        if text.startswith("{"):
+            configs[prefix] = json.loads(text)
+    assert sorted(configs) == ["[chief-0]", "[worker-0]", "[worker-1]"]
+    assert configs["[worker-1]"]["task"] == {"type": "worker", "index": 1}
+    cluster = configs["[chief-0]"]["cluster"]
+    assert all(c["cluster"] == cluster for c in configs.values())
+    addresses = cluster["chief"] + cluster["worker"]
+    assert len(set(addresses)) == 3 and all(a.startswith("127.0.0.1:") for a in addresses)
+
+
+def test_a_failing_task_stops_the_rest_and_its_code_is_the_exit_code(tmp_path):
+    started = time.monotonic()
+    result = launch(tmp_path, ["--workers", "3"], "worker:1=exit3", "*=sleep")
+    assert result.returncode == 3, result.stdout
+    assert time.monotonic() - started < 30
+    assert "worker-1 exited with code 3: stopping the other tasks" in result.stdout
+    assert_all_gone(tmp_path, ["worker:0", "worker:1", "worker:2"])
+
+
+def test_leader_success_stops_ps_and_serving_workers(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "2", "--ps", "2"], "chief:0=wait1", "*=sleep")
+    assert result.returncode == 0, result.stdout
+    assert "chief-0 succeeded" in result.stdout
+    assert_all_gone(tmp_path, ["chief:0", "worker:0", "worker:1", "ps:0", "ps:1"])
+
+
+def test_workers_get_a_grace_period_after_the_leader(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1=wait2", "*=exit0", extra=["--grace", "20"])
+    assert result.returncode == 0 and "grace period over" not in result.stdout
+    result = launch(tmp_path, ["--workers", "2"], "worker:1=sleep", "*=exit0", extra=["--grace", "1"])
+    assert result.returncode == 0 and "grace period over: stopping worker-1" in result.stdout
+    assert_all_gone(tmp_path, ["worker:0", "worker:1"])
+
+
+def test_timeout_stops_everything_with_code_124(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "*=sleep", extra=["--timeout", "2"])
+    assert result.returncode == 124 and "timed out after 2s" in result.stdout
+    assert_all_gone(tmp_path, ["worker:0", "worker:1"])
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_to_the_launcher_cleans_up_every_child(tmp_path, sig):
+    launcher = subprocess.Popen([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--",
+                                 sys.executable, TASK, str(tmp_path), "*=sleep"], cwd=ROOT,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for_pids(tmp_path, 2)
+        launcher.send_signal(sig)
+        output, _ = launcher.communicate(timeout=30)
+    finally:
+        launcher.kill()
+    assert launcher.returncode == 128 + sig, output
+    assert f"received {signal.Signals(sig).name}" in output
+    assert_all_gone(tmp_path, ["worker:0", "worker:1"])
+
+
+def test_children_die_with_a_killed_launcher(tmp_path):
+    launcher = subprocess.Popen([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--",
+                                 sys.executable, TASK, str(tmp_path), "*=sleep"], cwd=ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    wait_for_pids(tmp_path, 2)
+    launcher.kill()  # SIGKILL: no handler runs; the kernel's parent-death signal must do the job
+    launcher.wait(timeout=10)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids(tmp_path).values()):
+        time.sleep(0.1)
+    assert_all_gone(tmp_path, ["worker:0", "worker:1"])
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--spec", "cluster_specs/local-2-workers.json", "--workers", "2", "--", "true"],
+     "either with --spec or with the role flags"),
+    (["--workers", "2"], "command is empty"),
+    (["--spec", "nope.json", "--", "true"], "no such file"),
+    (["--chief", "--workers", "0", "--ps", "1", "--", "true"], "needs a worker"),
+])
+def test_bad_launch_arguments_exit_2_with_a_message(args, words):
+    result = run_kdist(["launch", *args], timeout=30)
+    assert result.returncode == 2 and words in result.stderr
+
+
+def test_non_loopback_addresses_are_refused(tmp_path):
+    spec = tmp_path / "remote.json"
+    spec.write_text('{"cluster": {"worker": ["10.0.0.5:2222", "10.0.0.6:2222"]}}')
+    result = run_kdist(["launch", "--spec", str(spec), "--", "true"], timeout=30)
+    assert result.returncode == 2 and "loopback (127.0.0.1) only" in result.stderr
+
+
+def test_launch_from_spec_file(tmp_path):
+    result = launch(tmp_path, ["--spec", "cluster_specs/local-chief-2-workers.json"], "*=exit0")
+    assert result.returncode == 0
+    assert sorted(pids(tmp_path)) == ["chief:0", "worker:0", "worker:1"]
+
+
+def wait_for_pids(directory, count, timeout=20):
+    deadline = time.monotonic() + timeout
+    while len(list(directory.glob("*.pid"))) < count:
+        assert time.monotonic() < deadline, "tasks did not start"
+        time.sleep(0.05)
