@@ -13,7 +13,6 @@ from absl import app, flags, logging
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import kdist  # noqa: E402
-import mnist_data  # noqa: E402
 import mnist_multiworker  # noqa: E402  (defines the shared flags)
 
 FLAGS = flags.FLAGS
@@ -29,8 +28,7 @@ def main(argv):
                              "mnist_multiworker.py for a cluster")
     gpus = tf.config.list_physical_devices("GPU")
     devices = None if len(gpus) > 1 else kdist.split_cpu(FLAGS.cpu_devices)
-    source = mnist_data.resolve(FLAGS.data, FLAGS.data_dir)
-    mnist_multiworker.train(source, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate,
+    mnist_multiworker.train(FLAGS.data, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate,
                             FLAGS.data_dir, FLAGS.checkpoint_dir, strategy="mirrored",
                             devices=devices)
 

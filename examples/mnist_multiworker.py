@@ -45,12 +45,14 @@ def build_model(input_shape, learning_rate, steps_per_epoch):
 
 def train(source, epochs, per_replica_batch, learning_rate, data_dir=None, checkpoint_dir=None,
           **strategy_options):
-    """Trains on a resolved source ('mnist' or 'digits') under kdist.scope(**strategy_options);
+    """Trains on `source` ('auto', 'mnist' or 'digits') under kdist.scope(**strategy_options);
     returns the test accuracy."""
     import mnist_data
 
-    strategy = kdist.strategy(**strategy_options)  # before other TF ops: MultiWorkerMirrored needs it
-    data = mnist_data.load(source, data_dir)
+    # The strategy comes first: preparing MNIST runs TF ops, and MultiWorkerMirrored must exist
+    # before any.
+    strategy = kdist.strategy(**strategy_options)
+    data = mnist_data.load(mnist_data.resolve(source, data_dir), data_dir)
     global_batch = kdist.global_batch_size(per_replica_batch)
     steps_per_epoch = -(-len(data.x_train) // global_batch)
     with kdist.scope(**strategy_options):
@@ -74,9 +76,8 @@ def main(argv):
     import mnist_data
 
     if "TF_CONFIG" in os.environ:
-        source = FLAGS.data if FLAGS.data != "auto" else mnist_data.resolve("auto", FLAGS.data_dir)
-        train(source, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate, FLAGS.data_dir,
-              FLAGS.checkpoint_dir)
+        train(FLAGS.data, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate,
+              FLAGS.data_dir, FLAGS.checkpoint_dir)
         return 0
     from kdist.launcher import Launcher
 

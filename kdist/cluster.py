@@ -197,7 +197,7 @@ class ClusterSpec:
         """
         import tensorflow as tf
 
-        if self.source == "TF_CONFIG" and os.environ.get("TF_CONFIG"):
+        if os.environ.get("TF_CONFIG") and cluster() == self:
             return tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(self.jobs), task_type=self.task_type, task_id=self.task_index,
@@ -229,12 +229,15 @@ def cluster() -> ClusterSpec:
 # --------------------------------------------------------------------- validation helpers
 def _check_jobs_are_known(jobs: Mapping[str, Any], prefix: str) -> None:
     for job in jobs:
-        if job == "master":
-            raise ClusterSpecError(f"{prefix}.master", "'master' is the TF1 name of the coordinator "
-                                   "and TF 2 rejects it", "rename the job to 'chief'")
-        if job not in JOBS:
-            raise ClusterSpecError(f"{prefix}.{job}", f"unknown job {job!r}",
-                                   f"use one of {', '.join(JOBS)}")
+        _check_job_name(job, f"{prefix}.{job}")
+
+
+def _check_job_name(job: str, field: str) -> None:
+    if job == "master":
+        raise ClusterSpecError(field, "'master' is the TF1 name of the coordinator and TF 2 rejects "
+                               "it", "rename the job to 'chief'")
+    if job not in JOBS:
+        raise ClusterSpecError(field, f"unknown job {job!r}", f"use one of {', '.join(JOBS)}")
 
 
 def _validate_jobs(jobs: Mapping[str, list[str]], prefix: str) -> None:
@@ -281,8 +284,7 @@ def _validate_task(jobs: Mapping[str, list[str]], task_type: Any, task_index: An
     if not isinstance(task_type, str) or not task_type:
         raise ClusterSpecError(f"{prefix}.type", f"missing or not a string ({task_type!r})",
                                f"set it to one of {', '.join(JOBS)}")
-    if task_type == "master" or task_type not in JOBS:
-        _check_jobs_are_known({task_type: None}, prefix=f"{prefix}.type")
+    _check_job_name(task_type, f"{prefix}.type")
     if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
         raise ClusterSpecError(f"{prefix}.index", f"must be a non-negative integer, got {task_index!r}",
                                'write e.g. "index": 0')

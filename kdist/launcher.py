@@ -116,6 +116,7 @@ class Launcher:
         self._lock = threading.Lock()
         self._readers: list[threading.Thread] = []
         self._signal: int | None = None
+        self._reported: set[Task] = set()
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -159,6 +160,7 @@ class Launcher:
                          "for the other workers")
                 self._stop(self._servers())
             if self.state is State.FINISHING:
+                self._report_late_failures()
                 running = [t for t in self.tasks if t.poll() is None]
                 if not running or time.monotonic() > finish_by:
                     if running:
@@ -166,6 +168,14 @@ class Launcher:
                     self.state = State.SUCCEEDED
                     return 0
             time.sleep(0.1)
+
+    def _report_late_failures(self) -> None:
+        """A worker failing after the leader succeeded does not fail the job, but is logged."""
+        for task in self.tasks:
+            code = task.poll()
+            if code not in (None, 0) and task not in self._servers() and task not in self._reported:
+                self._reported.add(task)
+                self.log(f"{task.name} exited with code {code} after the leader succeeded")
 
     # ------------------------------------------------------------------ processes
     def _start_all(self) -> None:

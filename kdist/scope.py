@@ -34,8 +34,12 @@ def strategy(strategy: str = "auto", **options):
         **options: see `strategies.StrategyOptions` (devices, all_reduce, bytes_per_pack,
             collective_timeout, variable_partitioner).
     """
+    return _build_or_reuse(strategy, options)
+
+
+def _build_or_reuse(requested: str, options: dict):
     global _current
-    name = _requested_name(strategy)
+    name = _requested_name(requested)
     opts = strategies.StrategyOptions.from_kwargs(options)
     spec = cluster()
     if name == "auto":
@@ -57,7 +61,7 @@ def scope(strategy: str = "auto", **options):
     MultiWorkerMirrored; more than one local GPU or several `devices=` -> Mirrored; else the
     default strategy. Create models and call `compile()` inside the block.
     """
-    chosen = globals()["strategy"](strategy, **options)
+    chosen = _build_or_reuse(strategy, options)
     with chosen.scope():
         yield chosen
 

@@ -68,7 +68,7 @@ def load_spec(path: str, host: str | None = None) -> ClusterSpec:
         if not isinstance(data["cluster"], dict):
             raise ClusterSpecError(f"{path}.cluster", "must be a mapping of job -> addresses",
                                    'write "cluster": {"worker": ["host:port", ...]}')
-        return ClusterSpec(data["cluster"], source=f"{path}")
+        return ClusterSpec(data["cluster"], source=path)
     roles = data["roles"]
     if not isinstance(roles, dict) or not roles:
         raise ClusterSpecError(f"{path}.roles", "must be a non-empty mapping of job -> task count",

@@ -29,7 +29,7 @@ BAD_TF_CONFIGS = [
     (json.dumps({"cluster": W2, "task": {"type": "chief", "index": 0}}), "TF_CONFIG.task.type",
      "not in the cluster"),
     (json.dumps({"cluster": W2, "task": {"type": "master", "index": 0}}),
-     "TF_CONFIG.task.type.master", "'chief'"),
+     "TF_CONFIG.task.type", "'chief'"),
     (json.dumps({"cluster": {"worker": ["h:1", "h:1"]}, "task": {"type": "worker", "index": 0}}),
      "TF_CONFIG.cluster.worker[1]", "also used by TF_CONFIG.cluster.worker[0]"),
     (json.dumps({"cluster": {"chief": ["h:1", "h:2"], "worker": ["h:3"]},

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_python
+from conftest import ROOT, run_kdist, run_python
 
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 
@@ -52,6 +52,19 @@ def test_example_launches_itself_on_two_workers_and_falls_back_offline(tmp_path)
     assert match.group(1) == ("uci_digits" if offline else "mnist")
     assert float(match.group(2)) >= (0.93 if offline else 0.97)
     assert not re.search(r"\[worker-1\].*test accuracy", output)  # only the chief reports
+
+
+def test_example_trains_as_a_task_under_tf_config(tmp_path):
+    """The Kubernetes path: TF_CONFIG set (here by `kdist launch`), --data=auto resolved in each
+    worker after its strategy exists."""
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "240", "--", sys.executable,
+                        "examples/mnist_multiworker.py", "--epochs=2", f"--data_dir={tmp_path}"],
+                       timeout=270)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "launching a local cluster" not in output
+    assert re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy \S+ after 2 epochs, "
+                     r"2 replica\(s\)", output), output[-4000:]
 
 
 def test_mirrored_example_on_logical_cpus():

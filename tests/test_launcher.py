@@ -74,6 +74,12 @@ def test_workers_get_a_grace_period_after_the_leader(tmp_path):
     assert_all_gone(tmp_path, ["worker:0", "worker:1"])
 
 
+def test_a_failure_after_the_leader_succeeded_is_logged(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1=exit3@1", "*=exit0")
+    assert result.returncode == 0
+    assert "worker-1 exited with code 3 after the leader succeeded" in result.stdout
+
+
 def test_timeout_stops_everything_with_code_124(tmp_path):
     result = launch(tmp_path, ["--workers", "2"], "*=sleep", extra=["--timeout", "2"])
     assert result.returncode == 124 and "timed out after 2s" in result.stdout

@@ -1,7 +1,8 @@
 """A stand-in task for launcher tests: `task.py PID_DIR RULE...` with RULE = `TASK=ACTION`.
 
-TASK is e.g. `worker:1` or `*`; ACTION is `exitN` (exit with code N), `sleep` (serve forever, like a
-ps), `print` (print TF_CONFIG and exit 0) or `waitN` (sleep N seconds, exit 0). Writes its pid to
+TASK is e.g. `worker:1` or `*`; ACTION is `exitN` (exit with code N), `exitN@S` (the same after S
+seconds), `sleep` (serve forever, like a ps), `print` (print TF_CONFIG and exit 0) or `waitN` (sleep N
+seconds, exit 0). Writes its pid to
 PID_DIR/<task>.pid first.
 """
 
@@ -20,7 +21,9 @@ print(f"task {task} does {action}")
 if action == "print":
     print(json.dumps(config))
 elif action.startswith("exit"):
-    sys.exit(int(action[4:]))
+    code, _, delay = action[4:].partition("@")
+    time.sleep(float(delay or 0))
+    sys.exit(int(code))
 elif action.startswith("wait"):
     time.sleep(float(action[4:]))
 elif action == "sleep":
