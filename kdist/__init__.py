@@ -12,6 +12,7 @@ import logging as _logging
 from kdist.cluster import ClusterSpec, ClusterSpecError, cluster
 from kdist.devices import split_cpu
 from kdist.scope import current_strategy, scope, strategy
+from kdist.serve import serve
 
 __version__ = "0.1.0"
 
@@ -27,6 +28,7 @@ if not _logger.handlers:  # visible by default, like absl; configure the "kdist"
 # then start without importing TensorFlow.
 _LAZY = {
     "callbacks": ("kdist.callbacks", None),
+    "layers": ("kdist.layers", None),
     "LinearWarmup": ("kdist.batching", "LinearWarmup"),
     "global_batch_size": ("kdist.batching", "global_batch_size"),
     "scale_learning_rate": ("kdist.batching", "scale_learning_rate"),
@@ -49,10 +51,12 @@ __all__ = [
     "LinearWarmup",
     "callbacks",
     "cluster",
+    "layers",
     "current_strategy",
     "global_batch_size",
     "scale_learning_rate",
     "scope",
+    "serve",
     "split_cpu",
     "strategy",
 ]

@@ -4,13 +4,16 @@ Every task gets its own TF_CONFIG (addresses on 127.0.0.1, ports from portpicker
 prefixed with ``[worker-1]``, and its own process group. The launcher is a small state machine::
 
     RUNNING --leader exits 0--------------> FINISHING --rest exit or grace ends--> SUCCEEDED (0)
-    RUNNING --any task exits non-zero-----> FAILED    (that task's exit code, the rest killed)
+    RUNNING --a task fails----------------> FAILED    (that task's exit code, the rest killed)
     RUNNING --SIGINT/SIGTERM--------------> INTERRUPTED (128 + signal, every child stopped)
     RUNNING --timeout---------------------> TIMED_OUT (124, every child stopped)
 
-The leader is the chief, or worker 0 when there is no chief. ps tasks (and the workers of a
-parameter-server cluster, which only serve) never exit on their own: they are stopped as soon as
-the leader succeeds. Children also get SIGKILL from the kernel if the launcher itself dies.
+The leader is the chief, or worker 0 when there is no chief. After it succeeds, every other task
+gets `grace` seconds to exit by itself (kdist's ps and worker servers do, once the chief is gone);
+what is left is stopped. In a parameter-server cluster a worker that dies is not fatal (the chief's
+coordinator reschedules its steps), and when a ps dies the chief gets `grace` seconds to fail with
+its own message, whose exit code is the job's. Children also get SIGKILL from the kernel if the
+launcher itself dies.
 
 >>> import io
 >>> from kdist.cluster import ClusterSpec
@@ -117,6 +120,7 @@ class Launcher:
         self._readers: list[threading.Thread] = []
         self._signal: int | None = None
         self._reported: set[Task] = set()
+        self._chief_deadline: float | None = None
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
@@ -148,17 +152,22 @@ class Launcher:
                 self.state = State.TIMED_OUT
                 self.log(f"timed out after {self.timeout:g}s: stopping every task")
                 return EXIT_TIMED_OUT
-            failed = next((t for t in self.tasks if t.poll() not in (None, 0)), None)
+            if self.state is State.RUNNING:
+                self._report_tolerated_failures()
+            failed = next((t for t in self.tasks if t.poll() not in (None, 0)
+                           and not self._tolerated(t)), None)
             if failed is not None and self.state is State.RUNNING:
+                if self._chief_reports(failed, leader):
+                    time.sleep(0.1)
+                    continue
                 self.state = State.FAILED
                 self.log(f"{failed.name} exited with code {failed.poll()}: stopping the other tasks")
                 return failed.poll()
             if self.state is State.RUNNING and leader.poll() == 0:
                 self.state = State.FINISHING
                 finish_by = time.monotonic() + self.grace
-                self.log(f"{leader.name} succeeded; stopping servers, waiting up to {self.grace:g}s "
-                         "for the other workers")
-                self._stop(self._servers())
+                self.log(f"{leader.name} succeeded; waiting up to {self.grace:g}s for the other "
+                         "tasks to finish")
             if self.state is State.FINISHING:
                 self._report_late_failures()
                 running = [t for t in self.tasks if t.poll() is None]
@@ -170,12 +179,33 @@ class Launcher:
             time.sleep(0.1)
 
     def _report_late_failures(self) -> None:
-        """A worker failing after the leader succeeded does not fail the job, but is logged."""
+        """A task failing after the leader succeeded does not fail the job, but is logged."""
+        self._report(lambda task: True, "after the leader succeeded")
+
+    def _report_tolerated_failures(self) -> None:
+        self._report(self._tolerated, "; parameter-server training goes on without it")
+
+    def _report(self, which, reason: str) -> None:
         for task in self.tasks:
             code = task.poll()
-            if code not in (None, 0) and task not in self._servers() and task not in self._reported:
+            if code not in (None, 0) and which(task) and task not in self._reported:
                 self._reported.add(task)
-                self.log(f"{task.name} exited with code {code} after the leader succeeded")
+                self.log(f"{task.name} exited with code {code} {reason}".replace(" ;", ";"))
+
+    def _chief_reports(self, failed: Task, leader: Task) -> bool:
+        """A lost ps is the chief's to report (tasks are polled chief first, so once the chief
+        fails its code wins): True while the chief runs, for at most `grace` seconds."""
+        if failed.task_type != "ps" or leader.poll() is not None:
+            return False
+        if self._chief_deadline is None:
+            self._chief_deadline = time.monotonic() + self.grace
+            self.log(f"{failed.name} exited with code {failed.poll()}: waiting up to "
+                     f"{self.grace:g}s for the chief to report it")
+        return time.monotonic() < self._chief_deadline
+
+    def _tolerated(self, task: Task) -> bool:
+        """Workers of a parameter-server cluster may die: the coordinator replaces them."""
+        return self.spec.has_ps and task.task_type == "worker"
 
     # ------------------------------------------------------------------ processes
     def _start_all(self) -> None:
@@ -204,11 +234,6 @@ class Launcher:
         with self._lock:
             self.output.write(text)
             self.output.flush()
-
-    def _servers(self) -> list[Task]:
-        """Tasks that never exit on their own: ps, and the workers of a parameter-server cluster."""
-        serving = {"ps", "worker"} if self.spec.has_ps else {"ps"}
-        return [t for t in self.tasks if t.task_type in serving]
 
     def _stop(self, tasks: list[Task]) -> None:
         """SIGTERM each task's process group, then SIGKILL what is left after `stop_timeout`."""

@@ -17,6 +17,7 @@ import os
 import strategies
 from kdist import keras_compat
 from kdist.cluster import cluster
+from kdist.serve import serve
 
 logger = logging.getLogger("kdist")
 
@@ -42,6 +43,8 @@ def _build_or_reuse(requested: str, options: dict):
     name = _requested_name(requested)
     opts = strategies.StrategyOptions.from_kwargs(options)
     spec = cluster()
+    if spec.has_ps and spec.task_type in ("ps", "worker"):
+        serve(spec)  # a ps/worker task of parameter-server training: serves, then exits the process
     if name == "auto":
         name = strategies.choose(spec, opts, num_gpus=_num_gpus())
     key = (name, opts, spec)
@@ -56,6 +59,9 @@ def _build_or_reuse(requested: str, options: dict):
 @contextlib.contextmanager
 def scope(strategy: str = "auto", **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
+
+    On the ps and worker tasks of a parameter-server cluster it never returns: the process serves
+    the chief (`kdist.serve()`) and exits when the chief is done.
 
     Auto-selection: a ps job in TF_CONFIG -> ParameterServer; more than one chief/worker ->
     MultiWorkerMirrored; more than one local GPU or several `devices=` -> Mirrored; else the

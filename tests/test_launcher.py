@@ -59,11 +59,35 @@ def test_a_failing_task_stops_the_rest_and_its_code_is_the_exit_code(tmp_path):
     assert_all_gone(tmp_path, ["worker:0", "worker:1", "worker:2"])
 
 
-def test_leader_success_stops_ps_and_serving_workers(tmp_path):
-    result = launch(tmp_path, ["--chief", "--workers", "2", "--ps", "2"], "chief:0=wait1", "*=sleep")
+def test_leader_success_stops_servers_that_do_not_exit(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "2", "--ps", "2"], "chief:0=wait1", "*=sleep",
+                    extra=["--grace", "1"])
     assert result.returncode == 0, result.stdout
     assert "chief-0 succeeded" in result.stdout
+    assert "grace period over: stopping worker-0, worker-1, ps-0, ps-1" in result.stdout
     assert_all_gone(tmp_path, ["chief:0", "worker:0", "worker:1", "ps:0", "ps:1"])
+
+
+def test_a_dead_worker_does_not_stop_parameter_server_training(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "2", "--ps", "1"], "worker:1=exit9",
+                    "chief:0=wait2", "*=exit0")
+    assert result.returncode == 0, result.stdout
+    assert "worker-1 exited with code 9; parameter-server training goes on without it" in \
+        result.stdout
+
+
+def test_a_dead_ps_fails_parameter_server_training_with_the_chiefs_code(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "1", "--ps", "1"], "ps:0=exit7",
+                    "chief:0=exit3@1", "*=sleep")
+    assert result.returncode == 3, result.stdout
+    assert "ps-0 exited with code 7: waiting up to 30s for the chief to report it" in result.stdout
+    assert "chief-0 exited with code 3: stopping the other tasks" in result.stdout
+
+
+def test_a_dead_ps_fails_the_job_if_the_chief_does_not_report_it(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "1", "--ps", "1"], "ps:0=exit7", "*=sleep",
+                    extra=["--grace", "1"])
+    assert result.returncode == 7 and "ps-0 exited with code 7: stopping" in result.stdout
 
 
 def test_workers_get_a_grace_period_after_the_leader(tmp_path):

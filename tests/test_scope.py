@@ -106,12 +106,32 @@ def test_multi_worker_after_other_ops_explains_the_ordering_rule(monkeypatch):
         kdist.strategy()
 
 
-def test_parameter_server_strategy_is_built_on_the_chief_only(monkeypatch):
-    monkeypatch.setenv("TF_CONFIG", json.dumps({
-        "cluster": {"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"], "ps": ["127.0.0.1:3"]},
-        "task": {"type": "worker", "index": 0}}))
+def test_parameter_server_strategy_is_built_on_the_chief_only():
+    spec = kdist.ClusterSpec({"chief": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"],
+                              "ps": ["127.0.0.1:3"]}, "worker", 0)
     with pytest.raises(RuntimeError, match="created on the chief only"):
-        kdist.strategy()
+        strategies.build("parameter_server", spec, StrategyOptions())
+
+
+def test_serve_is_for_parameter_server_clusters_only():
+    with pytest.raises(RuntimeError, match="runs the ps and worker tasks of a parameter-server"):
+        kdist.serve(kdist.ClusterSpec(W2, "worker", 1))
+
+
+def test_servers_wait_for_the_chief_to_come_and_go():
+    import socket
+    import threading
+    import time
+
+    from kdist.serve import wait_for_chief
+
+    chief = socket.create_server(("127.0.0.1", 0))
+    address = f"127.0.0.1:{chief.getsockname()[1]}"
+    threading.Timer(1.0, chief.close).start()  # the chief finishes after 1 s
+    started = time.monotonic()
+    assert wait_for_chief(address, grace=1.0, start_timeout=10, poll=0.1)
+    assert 1.5 < time.monotonic() - started < 6
+    assert not wait_for_chief(address, grace=1.0, start_timeout=0.5, poll=0.1)  # never came up
 
 
 def test_global_batch_size_and_learning_rate_follow_replicas():

@@ -1,0 +1,275 @@
+"""Keras 3 `fit` / `evaluate` / `predict` under ParameterServerStrategy (keras-team/keras#18624).
+
+Written for Keras 3.15 on TensorFlow 2.21 (gated with the other patches in `kdist/keras_compat.py`).
+On the chief, the model's `fit` becomes a ClusterCoordinator loop:
+
+- training data becomes a per-worker dataset, repeated: a `tf.data.Dataset` (every worker iterates
+  its own copy), a function `fn(input_context) -> Dataset` (called once per worker; shard with
+  `input_context.input_pipeline_id`) or NumPy arrays (shuffled, batched by `batch_size`);
+- `steps_per_epoch` is required: an epoch is that many steps scheduled on whichever worker is free,
+  `steps_per_execution` steps per scheduled function;
+- training is asynchronous SGD: each worker reads the current variables from the ps, computes a
+  gradient and applies it to the ps without waiting for the others, so a gradient can be computed
+  on variables that others have updated meanwhile (staleness); the ps apply updates atomically;
+- metrics live on the ps, are reset at every epoch start and read after `coordinator.join()`, so
+  the epoch logs count every step of the epoch once; batch-level callbacks see no logs;
+- a worker that dies is replaced by the coordinator (its steps are rescheduled); a ps that dies
+  fails `fit` with `ParameterServerFailure` (rerun: `BackupAndRestore` resumes);
+- `evaluate` and `predict` run on the chief, reading the variables from the ps: every example is
+  visited exactly once (the coordinator's at-least-once rescheduling could count some twice).
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+
+class ParameterServerFailure(RuntimeError):
+    """A parameter server was lost during training; the variables it held are gone."""
+
+
+def is_parameter_server(strategy) -> bool:
+    import tensorflow as tf
+
+    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
+
+
+_coordinators: dict = {}
+
+
+def coordinator(strategy):
+    """The one ClusterCoordinator of `strategy` (TF allows only one per strategy)."""
+    import tensorflow as tf
+
+    if id(strategy) not in _coordinators:
+        _coordinators[id(strategy)] = tf.distribute.experimental.coordinator.ClusterCoordinator(
+            strategy)
+    return _coordinators[id(strategy)]
+
+
+# ------------------------------------------------------------------------------------- fit
+def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+        validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
+        sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
+        validation_batch_size=None, validation_freq=1):
+    from keras.src import callbacks as callbacks_module
+
+    _reject_unsupported(validation_split=validation_split, class_weight=class_weight)
+    if not steps_per_epoch:
+        raise ValueError("fit(steps_per_epoch=...) is required under ParameterServerStrategy: the "
+                         "workers read repeated datasets, so an epoch has no natural end. Pass the "
+                         "number of steps per epoch (e.g. len(x_train) // batch_size)")
+    strategy = model.distribute_strategy
+    train_data = _training_dataset_fn(x, y, sample_weight, batch_size, shuffle)
+    _build(model, strategy, train_data(None).element_spec)
+    per_worker = coordinator(strategy).create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(train_data))
+    iterator = iter(per_worker)
+    k = model.steps_per_execution
+    schedule = [(_train_function(model, k), k)] * (steps_per_epoch // k) + \
+        [(_train_function(model, 1), 1)] * (steps_per_epoch % k)
+    _reject_sharded_variables(model)
+
+    if not isinstance(callbacks, callbacks_module.CallbackList):
+        callbacks = callbacks_module.CallbackList(
+            callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
+            steps=steps_per_epoch, model=model)
+    model.stop_training = False
+    callbacks.on_train_begin()
+    logs = {}
+    for epoch in range(model._initial_epoch or initial_epoch, epochs):
+        model.reset_metrics()
+        callbacks.on_epoch_begin(epoch)
+        step = 0
+        for function, steps in schedule:
+            callbacks.on_train_batch_begin(step)
+            coordinator(strategy).schedule(function, args=(iterator,))
+            step += steps
+            callbacks.on_train_batch_end(step - 1, None)
+        _join(strategy)
+        logs = _metrics(model)
+        if validation_data is not None and model._should_eval(epoch, validation_freq):
+            val_x, val_y, val_w = _unpack(validation_data)
+            val_logs = evaluate(model, val_x, val_y, batch_size=validation_batch_size or batch_size,
+                                sample_weight=val_w, steps=validation_steps, callbacks=callbacks,
+                                return_dict=True)
+            logs.update({f"val_{name}": value for name, value in val_logs.items()})
+        callbacks.on_epoch_end(epoch, logs)
+        if model.stop_training:
+            break
+    callbacks.on_train_end(logs)
+    return model.history
+
+
+def _train_function(model, steps: int):
+    import tensorflow as tf
+
+    key = ("kdist_ps_train", steps)
+    if key not in model.__dict__.setdefault("_kdist_functions", {}):
+        strategy = model.distribute_strategy
+
+        @tf.function
+        def train(iterator):
+            for _ in range(steps):
+                logs = strategy.run(model.train_step, args=(next(iterator),))
+            return logs
+
+        model._kdist_functions[key] = train
+    return model._kdist_functions[key]
+
+
+def _join(strategy) -> None:
+    import tensorflow as tf
+
+    try:
+        coordinator(strategy).join()
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
+            tf.errors.NotFoundError) as err:
+        lost = sorted(set(re.findall(r"/job:ps/replica:0/task:(\d+)", str(err))))
+        which = ", ".join(f"ps:{i}" for i in lost) or "a parameter server"
+        raise ParameterServerFailure(
+            f"{which} failed during training ({type(err).__name__}); the variables it held are "
+            "lost. Restart the job: with kdist.callbacks.BackupAndRestore it resumes from the last "
+            "completed epoch") from err
+
+
+# ------------------------------------------------------------------------------------- evaluate
+def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
+             steps=None, callbacks=None, return_dict=False, **kwargs):
+    """Runs on the chief over the whole dataset: every example exactly once."""
+    import tensorflow as tf
+    from keras.src import callbacks as callbacks_module
+
+    _reject_unsupported(**kwargs)
+    dataset = _local_dataset(x, y, sample_weight, batch_size)
+    if steps is not None:
+        dataset = dataset.take(steps)
+    _build(model, model.distribute_strategy, dataset.element_spec)
+    test_step = model.__dict__.setdefault("_kdist_functions", {}).setdefault(
+        "kdist_ps_test", tf.function(model.test_step))
+    if not isinstance(callbacks, callbacks_module.CallbackList):
+        callbacks = callbacks_module.CallbackList(
+            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
+            steps=None if steps is None else steps, model=model)
+    callbacks.on_test_begin()
+    model.reset_metrics()
+    for step, batch in enumerate(dataset):
+        callbacks.on_test_batch_begin(step)
+        test_step(batch)
+        callbacks.on_test_batch_end(step, None)
+    logs = _metrics(model)
+    callbacks.on_test_end(logs)
+    return logs if return_dict else model._flatten_metrics_in_order(logs)
+
+
+def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
+    """Runs on the chief: rows come back in input order."""
+    import tensorflow as tf
+    from keras.src import tree
+
+    dataset = _local_dataset(x, None, None, batch_size)
+    if steps is not None:
+        dataset = dataset.take(steps)
+    predict_step = model.__dict__.setdefault("_kdist_functions", {}).setdefault(
+        "kdist_ps_predict", tf.function(model.predict_step))
+    outputs = [predict_step(batch) for batch in dataset]
+    return tree.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
+                              *outputs)
+
+
+# ------------------------------------------------------------------------------------- helpers
+def _metrics(model) -> dict:
+    return {name: float(value) for name, value in model.get_metrics_result().items()}
+
+
+def _build(model, strategy, element_spec) -> None:
+    """Creates every variable (model, metrics, optimizer) on the ps before any step is traced:
+    steps that run on workers cannot create variables."""
+    with strategy.scope():
+        model._symbolic_build(data_batch=element_spec)
+        if model.optimizer is not None and not model.optimizer.built:
+            model.optimizer.build(model.trainable_variables)
+
+
+def _unpack(data):
+    from keras.src.trainers.data_adapters import data_adapter_utils
+
+    if _is_dataset(data) or callable(data):
+        return data, None, None
+    return data_adapter_utils.unpack_x_y_sample_weight(data)
+
+
+def _is_dataset(x) -> bool:
+    import tensorflow as tf
+
+    return isinstance(x, tf.data.Dataset)
+
+
+def _training_dataset_fn(x, y, sample_weight, batch_size, shuffle):
+    """fn(input_context) -> repeated dataset for one worker (None: the chief's view, for shapes)."""
+    import tensorflow as tf
+
+    if _is_dataset(x) or callable(x):
+        if y is not None or sample_weight is not None:
+            raise ValueError("fit(x=<dataset or dataset function>) takes no y or sample_weight: "
+                             "put them in the dataset's elements")
+        if batch_size is not None:
+            raise ValueError("fit(batch_size=...) is for NumPy inputs; batch the dataset instead")
+        if _is_dataset(x):
+            return lambda context: x.repeat()
+        return lambda context: x(context or tf.distribute.InputContext()).repeat()
+    arrays = _arrays(x, y, sample_weight)
+    size = len(tf.nest.flatten(arrays)[0])
+
+    def from_arrays(context):
+        dataset = tf.data.Dataset.from_tensor_slices(arrays)
+        if shuffle:
+            dataset = dataset.shuffle(size, reshuffle_each_iteration=True)
+        return dataset.repeat().batch(batch_size or 32)
+
+    return from_arrays
+
+
+def _local_dataset(x, y, sample_weight, batch_size):
+    """The whole dataset, batched, for evaluation or prediction on the chief."""
+    import tensorflow as tf
+
+    if callable(x) and not _is_dataset(x):
+        x = x(tf.distribute.InputContext())
+    if _is_dataset(x):
+        if y is not None or sample_weight is not None:
+            raise ValueError("evaluate(x=<dataset>) takes no y or sample_weight: put them in the "
+                             "dataset's elements")
+        return x
+    return tf.data.Dataset.from_tensor_slices(_arrays(x, y, sample_weight)).batch(batch_size or 32)
+
+
+def _arrays(x, y, sample_weight):
+    from keras.src import tree
+
+    if x is None:
+        raise ValueError("no data: pass x (and y), a tf.data.Dataset or a dataset function")
+    parts = tuple(part for part in (x, y, sample_weight) if part is not None)
+    return tree.lists_to_tuples(parts if len(parts) > 1 else (parts[0],))
+
+
+def _reject_unsupported(**arguments) -> None:
+    given = {name: value for name, value in arguments.items() if value not in (None, 0.0, {})}
+    if given:
+        name = next(iter(given))
+        raise ValueError(f"{name}={given[name]!r} is not supported under ParameterServerStrategy "
+                         "by kdist; remove it (for validation_split, pass validation_data)")
+
+
+def _reject_sharded_variables(model) -> None:
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    sharded = [v.path for v in model.trainable_variables if isinstance(v.value, ShardedVariable)]
+    if sharded:
+        raise ValueError(
+            f"{sharded[0]} is a ShardedVariable (from variable_partitioner), which Keras 3's "
+            "train_step cannot train ('ShardedVariable' object has no attribute 'handle'). Drop "
+            "variable_partitioner and use kdist.layers.PartitionedDense / PartitionedEmbedding, "
+            "whose shards are plain variables spread over the ps tasks")

@@ -1,0 +1,95 @@
+"""`kdist.serve()`: run a ps or worker task of parameter-server training, and stop when the chief is done.
+
+In parameter-server training only the chief runs the user's training loop; ps tasks hold variables
+and worker tasks execute the steps the chief schedules. Their TensorFlow servers never exit on their
+own (the classic stuck job, kubeflow/trainer#774). `serve()` runs the server and watches the
+chief's gRPC port: once the chief has been up and then stays unreachable for `chief_grace` seconds,
+the process exits with code 0. `kdist.scope()` calls it on ps and worker tasks, so every task can run
+the same script.
+
+>>> import kdist
+>>> with kdist.scope():          # on ps/worker tasks of a ps cluster: serves, then exits the process
+...     pass                      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import sys
+import time
+
+from kdist.cluster import ClusterSpec, cluster
+
+logger = logging.getLogger("kdist")
+
+CHIEF_GRACE_ENV = "KDIST_CHIEF_GRACE"  # seconds the chief may be unreachable before servers exit
+CHIEF_START_ENV = "KDIST_CHIEF_START_TIMEOUT"  # seconds servers wait for the chief to come up
+
+
+def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
+          chief_start_timeout: float | None = None, poll: float = 1.0) -> None:
+    """Serves this ps/worker task until the chief has finished, then exits the process (code 0;
+    code 1 if the chief never came up within `chief_start_timeout`)."""
+    spec = spec or cluster()
+    if spec.task_type not in ("ps", "worker") or not spec.has_ps:
+        raise RuntimeError(f"task {spec.task}: kdist.serve() runs the ps and worker tasks of a "
+                           "parameter-server cluster; the chief trains, other clusters use scope()")
+    chief_grace = _seconds(chief_grace, CHIEF_GRACE_ENV, 10.0)
+    chief_start_timeout = _seconds(chief_start_timeout, CHIEF_START_ENV, 600.0)
+    import tensorflow as tf
+
+    # Fail fast on a lost peer and let the coordinator reschedule (TF's advice for ps training).
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    server = tf.distribute.Server(spec.resolver().cluster_spec(), job_name=spec.task_type,
+                                  task_index=spec.task_index, protocol=spec.rpc_layer, start=True)
+    chief = spec.address("chief", 0)
+    logger.info("kdist: task %s serving at %s until the chief (%s) finishes", spec.task,
+                server.target, chief)
+    code = 0 if wait_for_chief(chief, chief_grace, chief_start_timeout, poll) else 1
+    if code:
+        logger.error("kdist: the chief at %s did not come up within %.0fs (%s): exiting", chief,
+                     chief_start_timeout, CHIEF_START_ENV)
+    else:
+        logger.info("kdist: the chief finished; task %s exits", spec.task)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # TF's server threads never join: leave without waiting for them
+
+
+def wait_for_chief(address: str, grace: float, start_timeout: float, poll: float = 1.0) -> bool:
+    """Blocks until the chief at `address` was reachable and then unreachable for `grace` seconds
+    (True), or never became reachable within `start_timeout` seconds (False)."""
+    started = time.monotonic()
+    while not _reachable(address):
+        if time.monotonic() - started > start_timeout:
+            return False
+        time.sleep(poll)
+    last_seen = time.monotonic()
+    while time.monotonic() - last_seen < grace:
+        time.sleep(poll)
+        if _reachable(address):
+            last_seen = time.monotonic()
+    return True
+
+
+def _reachable(address: str, timeout: float = 1.0) -> bool:
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _seconds(value: float | None, env: str, default: float) -> float:
+    if value is None:
+        text = os.environ.get(env)
+        try:
+            value = default if text is None else float(text)
+        except ValueError:
+            raise ValueError(f"{env}={text!r}: use a number of seconds") from None
+    if value <= 0:
+        raise ValueError(f"{env or 'timeout'}={value!r}: use a positive number of seconds")
+    return float(value)

@@ -1,0 +1,121 @@
+"""Keras 3 under ParameterServerStrategy, run by tests/test_parameter_server.py as
+`kdist launch --spec cluster_specs/local-ps.json -- python tests/programs/ps_job.py OUT MODE`.
+
+Every task runs this script: on ps and worker tasks `kdist.strategy()` serves and exits when the
+chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
+  train      fit with partitioned layers, SIGKILL worker 1 at the start of epoch 2, evaluate, predict
+  kill_ps    BackupAndRestore every epoch, SIGKILL ps 1 at the start of epoch 2: fit must fail clearly
+  resume     the same fit again: it resumes from the backup
+"""
+
+import json
+import os
+import signal
+import sys
+
+import kdist
+
+out_dir, mode = sys.argv[1], sys.argv[2]
+spec = kdist.cluster()
+strategy = kdist.strategy()  # ps/worker tasks serve here and exit when the chief is done
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+
+from kdist.keras_ps import ParameterServerFailure  # noqa: E402
+
+STEPS, BATCH = 16, 32
+rng = np.random.default_rng(0)
+x = rng.normal(size=(600, 8)).astype("float32")
+y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+report = {"strategy": type(strategy).__name__, "mode": mode}
+
+
+class ExampleCount(keras.metrics.Metric):
+    """Examples seen in the epoch: exact only if no metric update is lost."""
+
+    def __init__(self, name="examples", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
+
+    def result(self):
+        return self.count
+
+
+class KillAtEpoch(keras.callbacks.Callback):
+    """SIGKILLs one task of the cluster when `epoch` begins (test instrumentation)."""
+
+    def __init__(self, task_type, index, epoch):
+        super().__init__()
+        self.tf_config, self.epoch = spec.tf_config_json(task_type, index), epoch
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == self.epoch:
+            for process in psutil.process_iter():
+                try:
+                    if process.environ().get("TF_CONFIG") == self.tf_config:
+                        process.send_signal(signal.SIGKILL)
+                        report["killed_pid"] = process.pid
+                except (psutil.AccessDenied, psutil.NoSuchProcess):
+                    pass
+
+
+def make_model():
+    with kdist.scope():
+        model = keras.Sequential([keras.Input((8,)),
+                                  kdist.layers.PartitionedDense(64, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(keras.optimizers.Adam(0.01),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy", ExampleCount()])
+    return model
+
+
+def devices(model):
+    return {v.path: v.value.device for v in model.variables}
+
+
+if mode == "train":
+    model = make_model()
+    history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS,
+                        validation_data=(x, y), callbacks=[KillAtEpoch("worker", 1, epoch=1)])
+    report["history"] = history.history
+    report["devices"] = devices(model)
+    report["evaluate"] = model.evaluate(x, y, batch_size=50, return_dict=True, verbose=0)
+    logits = model.predict(x, batch_size=64, verbose=0)
+    local = model(x).numpy()
+    report["predict_rows"], report["predict_max_diff"] = len(logits), float(np.abs(logits - local).max())
+    report["reference_accuracy"] = float((local.argmax(1) == y).mean())
+    report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+        y, local))
+    with kdist.scope():
+        tokens = keras.Input((5,), dtype="int32")
+        pooled = keras.layers.GlobalAveragePooling1D()(kdist.layers.PartitionedEmbedding(101, 8)(tokens))
+        embedding_model = keras.Model(tokens, keras.layers.Dense(2)(pooled))
+        embedding_model.compile(keras.optimizers.Adam(0.05),
+                                keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    ids = rng.integers(0, 101, size=(400, 5)).astype("int32")
+    labels = (ids.max(1) > 90).astype("int32")
+    report["embedding_loss"] = embedding_model.fit(ids, labels, batch_size=BATCH, epochs=3,
+                                                   steps_per_epoch=STEPS, verbose=0).history["loss"]
+    report["embedding_devices"] = devices(embedding_model)
+else:
+    model = make_model()
+    backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))
+    callbacks = [backup] + ([KillAtEpoch("ps", 1, epoch=1)] if mode == "kill_ps" else [])
+    try:
+        history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS, verbose=0,
+                            callbacks=callbacks)
+        report["epochs_run"] = len(history.history["loss"])
+        report["final_loss"] = history.history["loss"][-1]
+    except ParameterServerFailure as err:
+        report["error"] = str(err)
+
+with open(os.path.join(out_dir, f"{mode}.json"), "w") as f:
+    json.dump(report, f)
+print("ps_job done", mode)
+sys.exit(3 if "error" in report else 0)

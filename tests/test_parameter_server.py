@@ -1,0 +1,92 @@
+"""Keras 3 under ParameterServerStrategy: chief + 2 workers + 2 ps as real processes.
+
+tests/programs/ps_job.py runs on every task under `kdist launch --spec cluster_specs/local-ps.json`;
+the chief trains (killing worker 1 mid-fit), the others serve and exit by themselves.
+"""
+
+import json
+
+import pytest
+
+from conftest import run_kdist
+
+FAST_EXIT = {"KDIST_CHIEF_GRACE": "2"}  # servers leave 2 s after the chief is gone
+
+
+def launch_ps_job(out, mode):
+    return run_kdist(["launch", "--spec", "cluster_specs/local-ps.json", "--timeout", "240", "--",
+                      "python", "tests/programs/ps_job.py", str(out), mode], timeout=270,
+                     env=FAST_EXIT)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ps")
+    result = launch_ps_job(out, "train")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    return {"report": json.load(open(out / "train.json")), "stdout": result.stdout}
+
+
+def test_fit_lowers_the_loss_with_one_history_value_per_epoch(trained):
+    history = trained["report"]["history"]
+    assert trained["report"]["strategy"] == "ParameterServerStrategyV2"
+    assert all(len(values) == 3 for values in history.values())
+    assert history["loss"][-1] < 0.5 * history["loss"][0]
+    assert history["val_accuracy"][-1] > 0.9
+
+
+def test_metrics_count_every_step_once_per_epoch(trained):
+    """16 steps x 32 examples per epoch: exact only with atomic ps updates (workaround
+    atomic_assign_under_parameter_server) and metrics reset at every epoch start."""
+    history = trained["report"]["history"]
+    assert history["examples"] == [512.0, 512.0, 512.0]
+    assert history["val_examples"] == [600.0, 600.0, 600.0]
+    assert all(0.0 <= a <= 1.0 for a in history["accuracy"])
+
+
+def test_evaluate_and_predict_are_exact(trained):
+    report = trained["report"]
+    assert report["evaluate"]["examples"] == 600.0
+    assert report["evaluate"]["accuracy"] == pytest.approx(report["reference_accuracy"], abs=1e-6)
+    assert report["evaluate"]["loss"] == pytest.approx(report["reference_loss"], rel=1e-5)
+    assert report["predict_rows"] == 600 and report["predict_max_diff"] < 1e-5
+
+
+def test_variables_live_on_both_ps_and_partitioned_kernels_span_them(trained):
+    devices = trained["report"]["devices"]
+    assert {d.split("/device")[0] for d in devices.values()} == {"/job:ps/replica:0/task:0",
+                                                                 "/job:ps/replica:0/task:1"}
+    shards = [d for path, d in devices.items() if "kernel_shard" in path]
+    assert len(shards) == 2 and len(set(shards)) == 2
+    embedding = [d for path, d in trained["report"]["embedding_devices"].items() if "shard" in path]
+    assert len(embedding) == 2 and len(set(embedding)) == 2
+
+
+def test_partitioned_embedding_trains(trained):
+    losses = trained["report"]["embedding_loss"]
+    assert losses[-1] < 0.5 * losses[0]
+
+
+def test_a_killed_worker_does_not_stop_fit(trained):
+    assert trained["report"]["killed_pid"]
+    assert "worker-1 exited with code 137; parameter-server training goes on without it" in \
+        trained["stdout"]
+    assert len(trained["report"]["history"]["loss"]) == 3
+
+
+def test_every_server_exits_by_itself_after_the_chief(trained):
+    for task in ("worker:0", "ps:0", "ps:1"):
+        assert f"the chief finished; task {task} exits" in trained["stdout"]
+    assert "grace period over" not in trained["stdout"]
+
+
+def test_a_killed_ps_fails_clearly_and_a_rerun_resumes_from_backup(tmp_path):
+    failed = launch_ps_job(tmp_path, "kill_ps")
+    assert failed.returncode == 3, failed.stdout[-4000:]
+    report = json.load(open(tmp_path / "kill_ps.json"))
+    assert report["error"].startswith("ps:1 failed during training")
+    assert "BackupAndRestore" in report["error"]
+    resumed = launch_ps_job(tmp_path, "resume")
+    assert resumed.returncode == 0, resumed.stdout[-4000:]
+    report = json.load(open(tmp_path / "resume.json"))
+    assert report["epochs_run"] == 2  # epoch 0 came from the backup written before the ps died
