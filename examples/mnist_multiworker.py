@@ -25,13 +25,15 @@ flags.DEFINE_float("timeout", 1800, "seconds before the local cluster is stopped
 flags.DEFINE_string("checkpoint_dir", None, "where the chief saves model-{epoch}.keras (optional)")
 
 
-def build_model(input_shape, learning_rate, steps_per_epoch):
+def build_model(input_shape, learning_rate, steps_per_epoch, first_dense=None):
+    """MLP 256-256-10 with Adam (linear LR scaling + warm-up); `first_dense` replaces the first
+    Dense layer class (the parameter-server example passes kdist.layers.PartitionedDense)."""
     import keras
 
     model = keras.Sequential([
         keras.Input(input_shape),
         keras.layers.Flatten(),
-        keras.layers.Dense(256, activation="relu"),
+        (first_dense or keras.layers.Dense)(256, activation="relu"),
         keras.layers.Dense(256, activation="relu"),
         keras.layers.Dense(10),
     ])
@@ -82,7 +84,7 @@ def main(argv):
     from kdist.launcher import Launcher
 
     source = mnist_data.resolve(FLAGS.data, FLAGS.data_dir)
-    command = [sys.executable, os.path.abspath(__file__), *argv[1:], f"--data={source}"]
+    command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--data={source}"]
     print(f"No TF_CONFIG: launching a local cluster of {FLAGS.workers} workers on 127.0.0.1")
     spec = kdist.ClusterSpec.local_layout({"worker": FLAGS.workers})
     return Launcher(spec, command, timeout=FLAGS.timeout).run()

@@ -3,9 +3,12 @@
 Written for Keras 3.15 on TensorFlow 2.21 (gated with the other patches in `kdist/keras_compat.py`).
 On the chief, the model's `fit` becomes a ClusterCoordinator loop:
 
-- training data becomes a per-worker dataset, repeated: a `tf.data.Dataset` (every worker iterates
-  its own copy), a function `fn(input_context) -> Dataset` (called once per worker; shard with
-  `input_context.input_pipeline_id`) or NumPy arrays (shuffled, batched by `batch_size`);
+- training data becomes a per-worker dataset, repeated: a `tf.data.Dataset`, a function
+  `fn(input_context) -> Dataset`, or NumPy arrays (shuffled, batched by `batch_size`). TensorFlow
+  traces the pipeline once on the chief and runs a copy on every worker, and its input context is
+  always one pipeline (`num_input_pipelines=1`, TF 2.21 parameter_server_strategy_v2.py: "no
+  synchronization beyond a worker"): workers cannot shard by input context, each reads the whole
+  pipeline. Shuffle without a fixed seed so that the workers' streams differ (NumPy input does);
 - `steps_per_epoch` is required: an epoch is that many steps scheduled on whichever worker is free,
   `steps_per_execution` steps per scheduled function;
 - training is asynchronous SGD: each worker reads the current variables from the ps, computes a
@@ -208,7 +211,7 @@ def _is_dataset(x) -> bool:
 
 
 def _training_dataset_fn(x, y, sample_weight, batch_size, shuffle):
-    """fn(input_context) -> repeated dataset for one worker (None: the chief's view, for shapes)."""
+    """fn(input_context) -> repeated dataset for the workers (None: the chief's view, for shapes)."""
     import tensorflow as tf
 
     if _is_dataset(x) or callable(x):

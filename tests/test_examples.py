@@ -40,17 +40,19 @@ def test_bad_data_source_is_a_clear_error():
 
 
 def test_example_launches_itself_on_two_workers_and_falls_back_offline(tmp_path):
-    """`python examples/mnist_multiworker.py` with no TF_CONFIG and no other set-up."""
-    result = run_python(["examples/mnist_multiworker.py", f"--data_dir={tmp_path}"], timeout=300)
+    """`python examples/mnist_multiworker.py` with no TF_CONFIG and no other set-up (the flags
+    given to the parent reach the workers)."""
+    result = run_python(["examples/mnist_multiworker.py", f"--data_dir={tmp_path}", "--epochs=4"],
+                        timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "launching a local cluster of 2 workers on 127.0.0.1" in output
     offline = "!!! OFFLINE: MNIST cannot be downloaded" in output
-    match = re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy (\S+) after 5 epochs, "
+    match = re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy (\S+) after 4 epochs, "
                       r"2 replica\(s\), global batch 128", output)
     assert match, output[-4000:]
     assert match.group(1) == ("uci_digits" if offline else "mnist")
-    assert float(match.group(2)) >= (0.93 if offline else 0.97)
+    assert float(match.group(2)) >= (0.92 if offline else 0.96)
     assert not re.search(r"\[worker-1\].*test accuracy", output)  # only the chief reports
 
 
@@ -65,6 +67,20 @@ def test_example_trains_as_a_task_under_tf_config(tmp_path):
     assert "launching a local cluster" not in output
     assert re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy \S+ after 2 epochs, "
                      r"2 replica\(s\)", output), output[-4000:]
+
+
+def test_parameter_server_example_launches_chief_workers_and_ps(tmp_path):
+    result = run_python(["examples/mnist_parameter_server.py", "--data=digits", "--epochs=3",
+                         f"--backup_dir={tmp_path / 'backup'}"], timeout=300,
+                        env={"KDIST_CHIEF_GRACE": "2"})
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    assert "launching" in output and "{'chief': 1, 'worker': 2, 'ps': 2}" in output
+    match = re.search(r"\[chief-0\] uci_digits: test accuracy (\S+) after 3 epochs of "
+                      r"asynchronous training, 2 workers, 2 ps", output)
+    assert match and float(match.group(1)) >= 0.9, output[-4000:]
+    for task in ("worker:0", "worker:1", "ps:0", "ps:1"):
+        assert f"the chief finished; task {task} exits" in output
 
 
 def test_mirrored_example_on_logical_cpus():

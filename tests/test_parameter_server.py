@@ -24,7 +24,7 @@ def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("ps")
     result = launch_ps_job(out, "train")
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    return {"report": json.load(open(out / "train.json")), "stdout": result.stdout}
+    return {"report": json.load(open(out / "train.json")), "stdout": result.stdout, "out": out}
 
 
 def test_fit_lowers_the_loss_with_one_history_value_per_epoch(trained):
@@ -62,9 +62,26 @@ def test_variables_live_on_both_ps_and_partitioned_kernels_span_them(trained):
     assert len(embedding) == 2 and len(set(embedding)) == 2
 
 
-def test_partitioned_embedding_trains(trained):
+def test_partitioned_embedding_trains_from_a_dataset_function(trained):
     losses = trained["report"]["embedding_loss"]
     assert losses[-1] < 0.5 * losses[0]
+    # TF 2.21's ParameterServerStrategy traces the function once and always passes one input
+    # pipeline: workers cannot shard by input context (documented in kdist/keras_ps.py). If this
+    # changes, TF started sharding and the docs must say so.
+    assert trained["report"]["input_contexts"] == [[0, 1]]
+
+
+def test_callbacks_see_epoch_logs(trained):
+    import keras
+
+    import kdist.layers  # noqa: F401  (registers PartitionedDense for loading)
+
+    out = trained["out"]
+    assert trained["report"]["early_stopping_best"] == min(trained["report"]["history"]["val_loss"])
+    assert sorted(p.name for p in out.glob("ckpt-*.keras")) == [f"ckpt-{e}.keras" for e in (1, 2, 3)]
+    restored = keras.saving.load_model(out / "ckpt-3.keras", compile=False)
+    assert len(restored.get_weights()) == 5  # two kernel shards, bias, dense kernel and bias
+    assert sorted(p.name for p in (out / "tensorboard").iterdir()) == ["train", "validation"]
 
 
 def test_a_killed_worker_does_not_stop_fit(trained):

@@ -3,7 +3,8 @@
 
 Every task runs this script: on ps and worker tasks `kdist.strategy()` serves and exits when the
 chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
-  train      fit with partitioned layers, SIGKILL worker 1 at the start of epoch 2, evaluate, predict
+  train      fit with partitioned layers and the file-writing callbacks, SIGKILL worker 1 at the
+             start of epoch 2, evaluate, predict; fit from a dataset function
   kill_ps    BackupAndRestore every epoch, SIGKILL ps 1 at the start of epoch 2: fit must fail clearly
   resume     the same fit again: it resumes from the backup
 """
@@ -22,6 +23,7 @@ strategy = kdist.strategy()  # ps/worker tasks serve here and exit when the chie
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from kdist.keras_ps import ParameterServerFailure  # noqa: E402
 
@@ -81,9 +83,14 @@ def devices(model):
 
 if mode == "train":
     model = make_model()
+    early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)
     history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS,
-                        validation_data=(x, y), callbacks=[KillAtEpoch("worker", 1, epoch=1)])
+                        validation_data=(x, y), callbacks=[
+                            KillAtEpoch("worker", 1, epoch=1), early_stopping,
+                            kdist.callbacks.ModelCheckpoint(os.path.join(out_dir, "ckpt-{epoch}.keras")),
+                            kdist.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))])
     report["history"] = history.history
+    report["early_stopping_best"] = float(early_stopping.best)
     report["devices"] = devices(model)
     report["evaluate"] = model.evaluate(x, y, batch_size=50, return_dict=True, verbose=0)
     logits = model.predict(x, batch_size=64, verbose=0)
@@ -100,8 +107,16 @@ if mode == "train":
                                 keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     ids = rng.integers(0, 101, size=(400, 5)).astype("int32")
     labels = (ids.max(1) > 90).astype("int32")
-    report["embedding_loss"] = embedding_model.fit(ids, labels, batch_size=BATCH, epochs=3,
-                                                   steps_per_epoch=STEPS, verbose=0).history["loss"]
+    contexts = []
+
+    def dataset_fn(context):
+        contexts.append((context.input_pipeline_id, context.num_input_pipelines))
+        dataset = tf.data.Dataset.from_tensor_slices((ids, labels)).shuffle(len(ids))
+        return dataset.shard(context.num_input_pipelines, context.input_pipeline_id).batch(BATCH)
+
+    report["embedding_loss"] = embedding_model.fit(dataset_fn, epochs=3, steps_per_epoch=STEPS,
+                                                   verbose=0).history["loss"]
+    report["input_contexts"] = sorted(set(contexts))
     report["embedding_devices"] = devices(embedding_model)
 else:
     model = make_model()
