@@ -25,7 +25,7 @@ def job(out_path, steps, epochs):
     """Runs on every task of the cluster; the chief measures."""
     import kdist
 
-    strategy = kdist.strategy()  # ps and workers serve and exit here
+    kdist.strategy()  # ps and workers serve here and exit when the chief is done
     import keras
     import numpy as np
     from keras import ops

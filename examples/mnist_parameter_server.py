@@ -28,7 +28,7 @@ def train(source, epochs, per_worker_batch, learning_rate, data_dir=None, backup
     """On the chief: asynchronous training through the ps; returns the test accuracy."""
     import mnist_data
 
-    strategy = kdist.strategy()  # ps and worker tasks serve here, and exit when the chief is done
+    kdist.strategy()  # ps and worker tasks serve here, and exit when the chief is done
     data = mnist_data.load(mnist_data.resolve(source, data_dir), data_dir)
     steps_per_epoch = -(-len(data.x_train) // per_worker_batch)
     with kdist.scope():

@@ -67,13 +67,13 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     strategy = model.distribute_strategy
     train_data = _training_dataset_fn(x, y, sample_weight, batch_size, shuffle)
     _build(model, strategy, train_data(None).element_spec)
+    _reject_sharded_variables(model)
     per_worker = coordinator(strategy).create_per_worker_dataset(
         lambda: strategy.distribute_datasets_from_function(train_data))
     iterator = iter(per_worker)
     k = model.steps_per_execution
     schedule = [(_train_function(model, k), k)] * (steps_per_epoch // k) + \
         [(_train_function(model, 1), 1)] * (steps_per_epoch % k)
-    _reject_sharded_variables(model)
 
     if not isinstance(callbacks, callbacks_module.CallbackList):
         callbacks = callbacks_module.CallbackList(
@@ -106,11 +106,20 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     return model.history
 
 
+def _cached_function(model, name, make):
+    """`make()`'s tf.function, traced once per model compilation (a recompiled model gets new ones,
+    as Keras resets its own train/test functions in compile())."""
+    cache = model.__dict__.setdefault("_kdist_functions", {})
+    key = (name, id(model.optimizer), id(model._compile_loss))
+    if key not in cache:
+        cache[key] = make()
+    return cache[key]
+
+
 def _train_function(model, steps: int):
     import tensorflow as tf
 
-    key = ("kdist_ps_train", steps)
-    if key not in model.__dict__.setdefault("_kdist_functions", {}):
+    def make():
         strategy = model.distribute_strategy
 
         @tf.function
@@ -119,8 +128,9 @@ def _train_function(model, steps: int):
                 logs = strategy.run(model.train_step, args=(next(iterator),))
             return logs
 
-        model._kdist_functions[key] = train
-    return model._kdist_functions[key]
+        return train
+
+    return _cached_function(model, f"train_{steps}", make)
 
 
 def _join(strategy) -> None:
@@ -143,25 +153,16 @@ def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weig
              steps=None, callbacks=None, return_dict=False, **kwargs):
     """Runs on the chief over the whole dataset: every example exactly once."""
     import tensorflow as tf
-    from keras.src import callbacks as callbacks_module
 
     _reject_unsupported(**kwargs)
-    dataset = _local_dataset(x, y, sample_weight, batch_size)
-    if steps is not None:
-        dataset = dataset.take(steps)
+    dataset = _local_dataset(x, y, sample_weight, batch_size, steps)
     _build(model, model.distribute_strategy, dataset.element_spec)
-    test_step = model.__dict__.setdefault("_kdist_functions", {}).setdefault(
-        "kdist_ps_test", tf.function(model.test_step))
-    if not isinstance(callbacks, callbacks_module.CallbackList):
-        callbacks = callbacks_module.CallbackList(
-            callbacks, add_progbar=verbose != 0, verbose=verbose, epochs=1,
-            steps=None if steps is None else steps, model=model)
+    callbacks = _callback_list(model, callbacks, verbose, steps)
     callbacks.on_test_begin()
     model.reset_metrics()
-    for step, batch in enumerate(dataset):
-        callbacks.on_test_batch_begin(step)
-        test_step(batch)
-        callbacks.on_test_batch_end(step, None)
+    test_step = _cached_function(model, "test", lambda: tf.function(model.test_step))
+    _run_on_chief(dataset, test_step, callbacks.on_test_batch_begin,
+                  lambda step, outputs: callbacks.on_test_batch_end(step, None))
     logs = _metrics(model)
     callbacks.on_test_end(logs)
     return logs if return_dict else model._flatten_metrics_in_order(logs)
@@ -172,14 +173,34 @@ def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=Non
     import tensorflow as tf
     from keras.src import tree
 
-    dataset = _local_dataset(x, None, None, batch_size)
-    if steps is not None:
-        dataset = dataset.take(steps)
-    predict_step = model.__dict__.setdefault("_kdist_functions", {}).setdefault(
-        "kdist_ps_predict", tf.function(model.predict_step))
-    outputs = [predict_step(batch) for batch in dataset]
+    dataset = _local_dataset(x, None, None, batch_size, steps)
+    callbacks = _callback_list(model, callbacks, verbose, steps)
+    callbacks.on_predict_begin()
+    predict_step = _cached_function(model, "predict", lambda: tf.function(model.predict_step))
+    outputs = _run_on_chief(dataset, predict_step, callbacks.on_predict_batch_begin,
+                            lambda step, out: callbacks.on_predict_batch_end(step, {"outputs": out}))
+    callbacks.on_predict_end()
     return tree.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
                               *outputs)
+
+
+def _run_on_chief(dataset, step_function, on_begin, on_end) -> list:
+    """Runs `step_function` on every batch of `dataset` in this process, in order."""
+    outputs = []
+    for step, batch in enumerate(dataset):
+        on_begin(step)
+        outputs.append(step_function(batch))
+        on_end(step, outputs[-1])
+    return outputs
+
+
+def _callback_list(model, callbacks, verbose, steps):
+    from keras.src import callbacks as callbacks_module
+
+    if isinstance(callbacks, callbacks_module.CallbackList):
+        return callbacks
+    return callbacks_module.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose,
+                                         epochs=1, steps=steps, model=model)
 
 
 # ------------------------------------------------------------------------------------- helpers
@@ -235,8 +256,8 @@ def _training_dataset_fn(x, y, sample_weight, batch_size, shuffle):
     return from_arrays
 
 
-def _local_dataset(x, y, sample_weight, batch_size):
-    """The whole dataset, batched, for evaluation or prediction on the chief."""
+def _local_dataset(x, y, sample_weight, batch_size, steps):
+    """The dataset (`steps` batches of it, or all), for evaluation or prediction on the chief."""
     import tensorflow as tf
 
     if callable(x) and not _is_dataset(x):
@@ -245,8 +266,11 @@ def _local_dataset(x, y, sample_weight, batch_size):
         if y is not None or sample_weight is not None:
             raise ValueError("evaluate(x=<dataset>) takes no y or sample_weight: put them in the "
                              "dataset's elements")
-        return x
-    return tf.data.Dataset.from_tensor_slices(_arrays(x, y, sample_weight)).batch(batch_size or 32)
+        dataset = x
+    else:
+        dataset = tf.data.Dataset.from_tensor_slices(_arrays(x, y, sample_weight)).batch(
+            batch_size or 32)
+    return dataset if steps is None else dataset.take(steps)
 
 
 def _arrays(x, y, sample_weight):
