@@ -56,14 +56,21 @@ class Workaround:
 
     def uninstall(self) -> None:
         for owner, attr, original in reversed(self._originals):
-            setattr(owner, attr, original)
+            if original is _INHERITED:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
         self._originals, self.active = [], False
+
+
+_INHERITED = object()  # marks an attribute that `owner` only inherited: uninstall deletes it
 
 
 def _replace(owner, attr: str, make: Callable) -> tuple[object, str, object]:
     original = getattr(owner, attr)
+    inherited = attr not in vars(owner)
     setattr(owner, attr, make(original))
-    return owner, attr, original
+    return owner, attr, _INHERITED if inherited else original
 
 
 def _is_multi_worker(strategy) -> bool:
@@ -269,6 +276,85 @@ def _patch_atomic_assign():
     return [_replace(core.Variable, name, make(name)) for name in ("assign_add", "assign_sub")]
 
 
+# ----------------------------------------------------------------------------------------------
+# 7. kdist feature, not a bug: gradient compression (kdist/compression). compile() inside
+#    kdist.scope(compression=...) binds the compressor to the optimizer; the optimizer creates the
+#    compressor's per-replica state when it builds and compresses where Keras all-reduces
+#    (`_all_reduce_sum_gradients`); aggregate_every accumulates locally in `_backend_update_step`
+#    (Keras's own gradient_accumulation_steps puts the all-reduce inside ops.cond, which
+#    MirroredStrategy and MultiWorkerMirroredStrategy reject: "merge_call called while defining a
+#    new graph", Keras 3.15 / TF 2.21); fit() gets the callback that picks each step's phase.
+def _patch_gradient_compression():
+    from keras.src.backend.tensorflow import optimizer as tf_optimizer
+    from keras.src.backend.tensorflow import trainer
+
+    from kdist.compression import hook
+
+    def all_reduce(original):
+        @functools.wraps(original)
+        def _all_reduce_sum_gradients(self, grads_and_vars):
+            import tensorflow as tf
+
+            context = tf.distribute.get_replica_context()
+            if getattr(self, "_kdist_compression", None) is None or context is None:
+                return original(self, grads_and_vars)
+            return hook.all_reduce_sum(self, grads_and_vars, context)
+
+        return _all_reduce_sum_gradients
+
+    def update_step(original):
+        @functools.wraps(original)
+        def _backend_update_step(self, grads, variables, learning_rate):
+            return hook.update_step(self, grads, variables, learning_rate, original)
+
+        return _backend_update_step
+
+    def weight_decay(original):
+        @functools.wraps(original)
+        def _apply_weight_decay(self, variables):
+            if not hook.accumulating(self):  # decay once per applied update, not per micro-step
+                return original(self, variables)
+
+        return _apply_weight_decay
+
+    def build(original):
+        @functools.wraps(original)
+        def method(self, variables):
+            original(self, variables)
+            hook.create_state(self, variables)
+
+        return method
+
+    def compile(original):
+        @functools.wraps(original)
+        def method(self, *args, **kwargs):
+            original(self, *args, **kwargs)
+            hook.bind_active(self)
+
+        return method
+
+    def fit(original):
+        signature = inspect.signature(original)
+
+        @functools.wraps(original)
+        def method(*args, **kwargs):
+            bound = signature.bind(*args, **kwargs)
+            model = bound.arguments["self"]
+            if hook.is_bound(model):
+                callbacks = bound.arguments.get("callbacks") or []
+                bound.arguments["callbacks"] = [hook.PhaseCallback(model.optimizer), *callbacks]
+            return original(*bound.args, **bound.kwargs)
+
+        return method
+
+    return [_replace(tf_optimizer.TFOptimizer, "_all_reduce_sum_gradients", all_reduce),
+            _replace(tf_optimizer.TFOptimizer, "_backend_update_step", update_step),
+            _replace(tf_optimizer.TFOptimizer, "_apply_weight_decay", weight_decay),
+            _replace(tf_optimizer.TFOptimizer, "build", build),
+            _replace(trainer.TensorFlowTrainer, "compile", compile),
+            _replace(trainer.TensorFlowTrainer, "fit", fit)]
+
+
 WORKAROUNDS = [
     Workaround("symbolic_build_without_collective",
                "keras-team/keras#20585, keras-team/keras#20329, tensorflow/tensorflow#72388",
@@ -281,6 +367,8 @@ WORKAROUNDS = [
                ("3.0.0", "3.15.99"), ("2.16.0", "2.21.99"), _patch_parameter_server_training),
     Workaround("atomic_assign_under_parameter_server", "none filed; described above (kdist)",
                ("3.0.0", "3.15.99"), ("2.16.0", "2.21.99"), _patch_atomic_assign),
+    Workaround("gradient_compression", "kdist feature (no TF/Keras gradient compression)",
+               ("3.0.0", "3.15.99"), ("2.16.0", "2.21.99"), _patch_gradient_compression),
     # Installed last, so it wraps every other patch of fit/evaluate/predict.
     Workaround("progress_bar_on_chief_only", "kdist behaviour (tf-keras printed on the chief only)",
                ("3.0.0", "3.15.99"), ("2.16.0", "2.21.99"), _patch_progress_bar),

@@ -16,6 +16,8 @@ import os
 
 import strategies
 from kdist import keras_compat
+from kdist.compression import hook as compression_hook
+from kdist.keras_ps import is_parameter_server
 from kdist.cluster import cluster
 from kdist.serve import serve
 
@@ -57,8 +59,12 @@ def _build_or_reuse(requested: str, options: dict):
 
 
 @contextlib.contextmanager
-def scope(strategy: str = "auto", **options):
+def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
+
+    `compression` (a `kdist.compression.Compressor`) and `aggregate_every` (all-reduce every k
+    steps, accumulating locally) apply to the models compiled inside the block, under Mirrored and
+    MultiWorkerMirrored.
 
     On the ps and worker tasks of a parameter-server cluster it never returns: the process serves
     the chief (`kdist.serve()`) and exits when the chief is done.
@@ -68,7 +74,13 @@ def scope(strategy: str = "auto", **options):
     default strategy. Create models and call `compile()` inside the block.
     """
     chosen = _build_or_reuse(strategy, options)
-    with chosen.scope():
+    if (compression is not None or aggregate_every != 1) and is_parameter_server(chosen):
+        raise ValueError(
+            "compression/aggregate_every apply to all-reduce strategies. Under ParameterServer "
+            "no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
+            "from the ps and writes the updated float32 values back, so casting or compressing "
+            "gradients would not shrink that traffic")
+    with chosen.scope(), compression_hook.activated(compression, aggregate_every):
         yield chosen
 
 

@@ -1,0 +1,119 @@
+"""The compressor interface: per-variable state plus pure compress/decompress functions.
+
+A compressor turns the gradients of one replica into a payload that a collective can sum or
+gather, and the collective's result back into the summed gradient. kdist calls it inside the
+optimizer, where Keras would all-reduce the gradients, for every tensor that `should_compress()`;
+other tensors are all-reduced as they are.
+
+To add one, subclass `Compressor` and implement `compress` / `decompress` (one collective round, like
+PyTorch's comm hooks), or override `aggregate` for several rounds (see `PowerSGD`):
+
+>>> import kdist, tensorflow as tf
+>>> class Halve(kdist.compression.Compressor):        # a toy: bfloat16 by hand
+...     def compress(self, grad, state, replicas):
+...         return (tf.cast(grad, tf.bfloat16),), None
+...     def decompress(self, payload, meta, grad, state, replicas):
+...         return tf.cast(payload[0], grad.dtype)
+...     def payload_bytes(self, shape):
+...         return 2 * _numel(shape)
+>>> Halve().should_compress((1024, 1024))
+True
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+
+def _numel(shape) -> int:
+    return int(math.prod(int(d) for d in shape))
+
+
+class Comm:
+    """The collectives of the current replica context, batched over lists of tensors."""
+
+    def __init__(self, replica_context):
+        self._context = replica_context
+        self.replicas = replica_context.num_replicas_in_sync
+
+    def all_reduce_sum(self, tensors: list) -> list:
+        import tensorflow as tf
+
+        if not tensors:
+            return []
+        return self._context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+
+    def all_gather(self, tensors: list) -> list:
+        """Concatenates every replica's tensor along axis 0, in replica order."""
+        if not tensors:
+            return []
+        return self._context.all_gather(list(tensors), axis=0)
+
+
+class Compressor:
+    """Base class. Args shared by every compressor:
+
+    min_compression_rate: tensors whose payload would not be at least this many times smaller
+        than the plain float32 gradient are sent uncompressed (1-D tensors always are).
+    start_step: optimizer steps sent uncompressed before compression starts (warm-up).
+    """
+
+    collective = "all_reduce"  # or "all_gather": how `compress`'s payload is combined
+
+    def __init__(self, min_compression_rate: float = 2.0, start_step: int = 0):
+        if not min_compression_rate >= 1:
+            raise ValueError(f"min_compression_rate={min_compression_rate!r}: use a number >= 1")
+        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"start_step={start_step!r}: use a non-negative number of steps")
+        self.min_compression_rate = min_compression_rate
+        self.start_step = start_step
+
+    # -------------------------------------------------------------- per tensor, pure functions
+    def should_compress(self, shape: Sequence[int]) -> bool:
+        if len(shape) < 2:
+            return False
+        return 4 * _numel(shape) >= self.min_compression_rate * self.payload_bytes(shape)
+
+    def state_spec(self, shape: Sequence[int]) -> dict[str, tuple[tuple[int, ...], Any]]:
+        """Per-variable state: name -> (shape, initializer). Kept per replica, checkpointed."""
+        return {}
+
+    def compress(self, grad, state: dict, replicas: int):
+        """Returns (payload: tuple of tensors, meta) for one replica's gradient."""
+        raise NotImplementedError
+
+    def decompress(self, payload, meta, grad, state: dict, replicas: int):
+        """Returns the summed gradient from the collective's result (`payload`)."""
+        raise NotImplementedError
+
+    def payload_bytes(self, shape: Sequence[int]) -> int:
+        """Bytes this replica contributes to the collective for a gradient of `shape`."""
+        raise NotImplementedError
+
+    # -------------------------------------------------------------- all tensors of a step
+    def aggregate(self, grads: list, states: list[dict], comm: Comm) -> list:
+        """Sums `grads` over the replicas: compress all, one batched collective, decompress all."""
+        compressed = [self.compress(g, s, comm.replicas) for g, s in zip(grads, states)]
+        flat = [t for payload, _ in compressed for t in payload]
+        reduced = comm.all_reduce_sum(flat) if self.collective == "all_reduce" else comm.all_gather(flat)
+        out, at = [], 0
+        for (payload, meta), grad, state in zip(compressed, grads, states):
+            out.append(self.decompress(tuple(reduced[at:at + len(payload)]), meta, grad, state,
+                                       comm.replicas))
+            at += len(payload)
+        return out
+
+    def __repr__(self):
+        fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
+        return f"{type(self).__name__}({fields})"
+
+
+class NoCompression(Compressor):
+    """Plain float32 all-reduce: bit for bit what Keras does without kdist."""
+
+    def should_compress(self, shape) -> bool:
+        return False
+
+    def payload_bytes(self, shape) -> int:
+        return 4 * _numel(shape)

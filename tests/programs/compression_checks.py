@@ -1,0 +1,180 @@
+"""Correctness of gradient compression under MirroredStrategy on 2 logical CPUs.
+
+Run by tests/test_compression.py in a fresh process (the CPU is split before TF starts); prints
+one JSON line of findings that the test asserts on.
+"""
+
+import json
+import os
+import sys
+import tempfile
+
+import kdist
+
+devices = kdist.split_cpu(2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+from kdist import compression  # noqa: E402
+
+report = {}
+rng = np.random.default_rng(0)
+x = rng.normal(size=(192, 32)).astype("float32")
+y = (x[:, :4] @ rng.normal(size=(4, 1))).astype("float32")
+
+
+def build(compressor=None, optimizer=None, aggregate_every=1, seed=1):
+    """`optimizer`: a factory, called inside the scope (optimizers capture the strategy)."""
+    keras.utils.set_random_seed(seed)
+    with kdist.scope(devices=devices, compression=compressor, aggregate_every=aggregate_every):
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(48, activation="tanh"),
+                                  keras.layers.Dense(1)])
+        model.compile((optimizer or (lambda: keras.optimizers.SGD(0.05)))(), "mse")
+    return model
+
+
+def train(model, epochs=2):
+    return model.fit(x, y, batch_size=32, epochs=epochs, shuffle=False, verbose=0).history
+
+
+def same(a, b):
+    return all(np.array_equal(u, v) for u, v in zip(a.get_weights(), b.get_weights()))
+
+
+def kdist_state(model, name):
+    """The compressor state variables called `name`, in optimizer order, by path."""
+    return {v.path: np.array(v.numpy()) for v in model.optimizer.variables
+            if v.path.endswith(f"_kdist_{name}")}
+
+
+# NoCompression is Keras's own all-reduce, bit for bit.
+plain, none = build(), build(compression.NoCompression())
+train(plain), train(none)
+report["no_compression_bit_for_bit"] = same(plain, none)
+
+# PowerSGD is exact when the summed gradient has rank <= r (here rank 2, r = 2).
+strategy = kdist.strategy(devices=devices)
+with strategy.scope():
+    states = [{"q": keras.Variable(keras.initializers.RandomNormal(seed=3)((40, 2)),
+                                   synchronization="on_read", aggregation="mean"),
+               "residual": keras.Variable(np.zeros((30, 40), "float32"),
+                                          synchronization="on_read", aggregation="mean")}]
+u, v = rng.normal(size=(30, 2)).astype("float32"), rng.normal(size=(2, 40)).astype("float32")
+
+
+@tf.function
+def exactness():
+    def replica():
+        context = tf.distribute.get_replica_context()
+        scale = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
+        grad = scale * (u @ v)  # replicas differ, the sum (3 u v) has rank 2
+        comm = compression.Comm(context)
+        comm.step = tf.constant(0, tf.int64)
+        return compression.PowerSGD(rank=2).aggregate([grad], states, comm)[0]
+
+    return strategy.run(replica)
+
+
+approx = strategy.experimental_local_results(exactness())[0].numpy()
+report["powersgd_rank_r_error"] = float(np.abs(approx - 3 * u @ v).max() / np.abs(3 * u @ v).max())
+
+# Which tensors are compressed.
+report["should_compress"] = {
+    "powersgd_bias": compression.PowerSGD(rank=4).should_compress((1024,)),
+    "powersgd_thin": compression.PowerSGD(rank=4).should_compress((1024, 4)),
+    "powersgd_low_rate": compression.PowerSGD(rank=4, min_compression_rate=200).should_compress(
+        (64, 64)),
+    "powersgd_kernel": compression.PowerSGD(rank=4).should_compress((64, 64)),
+    "topk_bias": compression.TopK(0.01).should_compress((1024,)),
+    "fp16_bias": compression.FP16().should_compress((1024,)),
+}
+
+# start_step: uncompressed (identical to plain) until the step, compressed after.
+warm = build(compression.PowerSGD(rank=1, start_step=6))
+twin = build()
+first = warm.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0).history  # 6 steps
+twin.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+report["warmup_equal_to_plain"] = same(warm, twin)
+second = warm.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0).history
+twin.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+report["compressed_after_warmup_differs"] = not same(warm, twin)
+report["warmup_ratio_logs"] = [first["comm_ratio"][0], second["comm_ratio"][0]]
+
+# Error-feedback residuals and PowerSGD's Q are saved and restored with the weights.
+source = build(compression.PowerSGD(rank=2))
+train(source, epochs=1)
+path = os.path.join(tempfile.mkdtemp(), "compressed.weights.h5")
+source.save_weights(path)
+target = build(compression.PowerSGD(rank=2), seed=2)
+target.optimizer.build(target.trainable_variables)
+target.load_weights(path)
+report["state_shapes"] = {n: [list(a.shape) for a in kdist_state(source, n).values()]
+                          for n in ("residual", "q")}
+report["residual_nonzero"] = any(np.abs(a).max() > 0 for a in kdist_state(source, "residual").values())
+report["state_restored"] = all(
+    np.array_equal(a, b) for n in ("residual", "q")
+    for a, b in zip(kdist_state(source, n).values(), kdist_state(target, n).values()))
+
+# TopK keeps the unsent part as a residual; any Keras optimizer works.
+optimizers = {"sgd": lambda: keras.optimizers.SGD(0.05),
+              "adam": lambda: keras.optimizers.Adam(0.01),
+              "rmsprop": lambda: keras.optimizers.RMSprop(0.005),
+              "adamw": lambda: keras.optimizers.AdamW(0.01)}
+report["optimizers"] = {}
+for name, optimizer in optimizers.items():
+    for compressor in (compression.PowerSGD(rank=2), compression.TopK(0.1), compression.FP16()):
+        losses = train(build(compressor, optimizer=optimizer), epochs=3)["loss"]
+        report["optimizers"][f"{name}/{type(compressor).__name__}"] = losses[-1] < losses[0]
+
+# Sparse gradients (Embedding -> IndexedSlices) are densified, never a crash.
+ids = rng.integers(0, 50, size=(128, 4)).astype("int32")
+labels = (ids.sum(1) % 2).astype("float32")
+report["sparse"] = {}
+for compressor in (compression.PowerSGD(rank=2), compression.TopK(0.05), compression.BF16()):
+    with kdist.scope(devices=devices, compression=compressor):
+        model = keras.Sequential([keras.Input((4,), dtype="int32"), keras.layers.Embedding(50, 16),
+                                  keras.layers.Flatten(), keras.layers.Dense(1)])
+        model.compile("adam", "mse")
+    loss = model.fit(ids, labels, batch_size=32, epochs=1, verbose=0).history["loss"][0]
+    report["sparse"][type(compressor).__name__] = bool(np.isfinite(loss))
+
+# FP16 never overflows silently.
+huge = build(compression.FP16(), optimizer=lambda: keras.optimizers.SGD(1e-12))
+try:
+    huge.fit(x, y * 1e12, batch_size=32, epochs=1, verbose=0)
+    report["fp16_overflow"] = "no error"
+except tf.errors.InvalidArgumentError as err:
+    report["fp16_overflow"] = "overflows float16" in str(err) and "use BF16" in str(err)
+
+# aggregate_every=2 on batch b equals one step on batch 2b every second step: SGD on the mean
+# of two gradients (Keras's own gradient_accumulation_steps fails under tf.distribute).
+every = build(aggregate_every=2)
+twice_the_batch = build()
+every.fit(x, y, batch_size=16, epochs=2, shuffle=False, verbose=0)
+twice_the_batch.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0)
+report["aggregate_every_max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(
+    every.get_weights(), twice_the_batch.get_weights()))
+report["aggregate_every_iterations"] = int(every.optimizer.iterations.numpy())
+try:
+    build(optimizer=lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=2))
+    with kdist.scope(devices=devices, aggregate_every=2):
+        clash = keras.Sequential([keras.Input((32,)), keras.layers.Dense(1)])
+        clash.compile(keras.optimizers.SGD(0.05, gradient_accumulation_steps=2), "mse")
+    report["accumulation_clash"] = "no error"
+except ValueError as err:
+    report["accumulation_clash"] = str(err)
+
+# Nominal bytes for the issue's 784-1024-1024-10 MLP.
+with kdist.scope(devices=devices):
+    mlp = keras.Sequential([keras.Input((784,)), keras.layers.Dense(1024), keras.layers.Dense(1024),
+                            keras.layers.Dense(10)])
+report["nominal_ratio"] = {}
+for compressor in (compression.FP16(), compression.PowerSGD(rank=4), compression.TopK(0.01)):
+    mlp.optimizer = keras.optimizers.SGD()
+    mlp.optimizer._kdist_compression = compressor
+    report["nominal_ratio"][type(compressor).__name__] = compression.stats(mlp)["comm_ratio"]
+
+print(json.dumps(report))
+sys.stdout.flush()

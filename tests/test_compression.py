@@ -1,0 +1,66 @@
+"""Gradient compression: correctness under MirroredStrategy (2 logical CPUs, one fresh process)."""
+
+import json
+
+import pytest
+
+from conftest import run_python
+
+
+@pytest.fixture(scope="module")
+def report():
+    result = run_python(["tests/programs/compression_checks.py"], timeout=400)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def test_no_compression_is_plain_keras_bit_for_bit(report):
+    assert report["no_compression_bit_for_bit"] is True
+
+
+def test_powersgd_is_exact_on_gradients_of_rank_at_most_r(report):
+    assert report["powersgd_rank_r_error"] < 1e-5
+
+
+def test_one_dimensional_and_poorly_compressible_tensors_go_uncompressed(report):
+    assert report["should_compress"] == {
+        "powersgd_bias": False, "powersgd_thin": False, "powersgd_low_rate": False,
+        "powersgd_kernel": True, "topk_bias": False, "fp16_bias": True}
+
+
+def test_start_step_warm_up_is_uncompressed_then_compression_starts(report):
+    assert report["warmup_equal_to_plain"] is True
+    assert report["compressed_after_warmup_differs"] is True
+    before, after = report["warmup_ratio_logs"]
+    assert before == 1.0 and after > 5
+
+
+def test_error_feedback_residuals_and_q_are_checkpointed(report):
+    assert report["state_shapes"] == {"residual": [[32, 48]], "q": [[48, 2]]}
+    assert report["residual_nonzero"] is True
+    assert report["state_restored"] is True
+
+
+def test_any_keras_optimizer_trains_with_every_compressor(report):
+    assert len(report["optimizers"]) == 12 and all(report["optimizers"].values())
+
+
+def test_sparse_gradients_never_crash(report):
+    assert report["sparse"] == {"PowerSGD": True, "TopK": True, "BF16": True}
+
+
+def test_fp16_overflow_is_an_error_not_inf(report):
+    assert report["fp16_overflow"] is True
+
+
+def test_aggregate_every_k_equals_a_k_times_larger_batch(report):
+    assert report["aggregate_every_max_diff"] < 1e-5
+    assert report["aggregate_every_iterations"] == 24  # 2 epochs x 12 micro-steps
+    assert "use aggregate_every instead" in report["accumulation_clash"]
+
+
+def test_nominal_ratios_for_the_784_1024_1024_10_mlp(report):
+    ratios = report["nominal_ratio"]
+    assert ratios["FP16"] == 2.0
+    assert ratios["PowerSGD"] == pytest.approx(86.2, abs=0.1)
+    assert ratios["TopK"] == pytest.approx(47.4, abs=0.1)
