@@ -46,9 +46,9 @@ def build_model(input_shape, learning_rate, steps_per_epoch, first_dense=None):
 
 
 def train(source, epochs, per_replica_batch, learning_rate, data_dir=None, checkpoint_dir=None,
-          **strategy_options):
-    """Trains on `source` ('auto', 'mnist' or 'digits') under kdist.scope(**strategy_options);
-    returns the test accuracy."""
+          compression=None, **strategy_options):
+    """Trains on `source` ('auto', 'mnist' or 'digits') under kdist.scope(**strategy_options),
+    compressing gradients with `compression` if given; returns the test accuracy."""
     import mnist_data
 
     # The strategy comes first: preparing MNIST runs TF ops, and MultiWorkerMirrored must exist
@@ -57,7 +57,7 @@ def train(source, epochs, per_replica_batch, learning_rate, data_dir=None, check
     data = mnist_data.load(mnist_data.resolve(source, data_dir), data_dir)
     global_batch = kdist.global_batch_size(per_replica_batch)
     steps_per_epoch = -(-len(data.x_train) // global_batch)
-    with kdist.scope(**strategy_options):
+    with kdist.scope(compression=compression, **strategy_options):
         model = build_model(data.x_train.shape[1:], learning_rate, steps_per_epoch)
     callbacks = []
     if checkpoint_dir:
@@ -69,25 +69,35 @@ def train(source, epochs, per_replica_batch, learning_rate, data_dir=None, check
     if kdist.cluster().is_chief:
         print(f"{data.name}: test accuracy {accuracy:.4f} after {epochs} epochs, "
               f"{strategy.num_replicas_in_sync} replica(s), global batch {global_batch}")
+        if compression is not None:
+            ratio = kdist.compression.stats(model)["comm_ratio"]
+            print(f"{compression}: {ratio:.1f}x fewer gradient bytes per step than float32")
     return accuracy
 
 
-def main(argv):
+def launch_or_train(script, train_task):
+    """With TF_CONFIG: `train_task()` as this task. Without: picks the data once, then runs
+    `script` with the same flags on a local cluster of --workers; returns the exit code."""
     logging.set_verbosity(logging.WARNING)  # app.run turns on TF's INFO chatter
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import mnist_data
 
     if "TF_CONFIG" in os.environ:
-        train(FLAGS.data, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate,
-              FLAGS.data_dir, FLAGS.checkpoint_dir)
+        train_task()
         return 0
     from kdist.launcher import Launcher
 
     source = mnist_data.resolve(FLAGS.data, FLAGS.data_dir)
-    command = [sys.executable, os.path.abspath(__file__), *sys.argv[1:], f"--data={source}"]
+    command = [sys.executable, os.path.abspath(script), *sys.argv[1:], f"--data={source}"]
     print(f"No TF_CONFIG: launching a local cluster of {FLAGS.workers} workers on 127.0.0.1")
     spec = kdist.ClusterSpec.local_layout({"worker": FLAGS.workers})
     return Launcher(spec, command, timeout=FLAGS.timeout).run()
+
+
+def main(argv):
+    return launch_or_train(__file__, lambda: train(
+        FLAGS.data, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate, FLAGS.data_dir,
+        FLAGS.checkpoint_dir))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,16 @@ def test_parameter_server_example_launches_chief_workers_and_ps(tmp_path):
         assert f"the chief finished; task {task} exits" in output
 
 
+def test_compression_example_trains_two_workers_with_powersgd():
+    result = run_python(["examples/compression.py", "--data=digits", "--epochs=3",
+                         "--compressor=powersgd", "--rank=4"], timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-4000:]
+    match = re.search(r"\[worker-0\] uci_digits: test accuracy (\S+) after 3 epochs, 2 replica", output)
+    assert match and float(match.group(1)) >= 0.9, output[-4000:]
+    assert re.search(r"\[worker-0\] PowerSGD\(.*rank=4.*\): \d+\.\dx fewer gradient bytes", output)
+
+
 def test_mirrored_example_on_logical_cpus():
     result = run_python(["examples/mnist_mirrored.py", "--data=digits", "--epochs=3",
                          "--cpu_devices=4"], timeout=240)

@@ -71,6 +71,10 @@ def test_partitioned_embedding_trains_from_a_dataset_function(trained):
     assert trained["report"]["input_contexts"] == [[0, 1]]
 
 
+def test_gradient_compression_is_refused_with_the_reason(trained):
+    assert "no gradient is exchanged as such" in trained["report"]["compression_refused"]
+
+
 def test_steps_per_execution_runs_every_step_once(trained):
     """3 epochs x 16 steps with steps_per_execution=3: the optimizer applied exactly 48 updates."""
     assert trained["report"]["embedding_iterations"] == 48

@@ -92,6 +92,28 @@ def test_bad_options_are_rejected(options, words):
     assert words in str(info.value)
 
 
+@pytest.mark.parametrize("arguments,error,words", [
+    ({"compression": "powersgd"}, TypeError, "use a kdist.compression.Compressor"),
+    ({"aggregate_every": 0}, ValueError, "aggregate_every=0"),
+])
+def test_bad_compression_arguments(arguments, error, words):
+    with pytest.raises(error, match=words):
+        with kdist.scope(**arguments):
+            pass
+
+
+@pytest.mark.parametrize("make,words", [
+    (lambda: kdist.compression.PowerSGD(rank=0), "rank=0"),
+    (lambda: kdist.compression.TopK(ratio=0), "ratio=0"),
+    (lambda: kdist.compression.TopK(0.01, momentum=0.9, error_feedback=False), "needs error_feedback"),
+    (lambda: kdist.compression.FP16(start_step=-1), "start_step=-1"),
+    (lambda: kdist.compression.PowerSGD(min_compression_rate=0.5), "min_compression_rate=0.5"),
+])
+def test_bad_compressor_arguments(make, words):
+    with pytest.raises(ValueError, match=words):
+        make()
+
+
 def test_missing_device_is_a_clear_error():
     with pytest.raises(ValueError, match="'/gpu:7' does not exist"):
         kdist.strategy("mirrored", devices=["/cpu:0", "/gpu:7"])

@@ -119,6 +119,11 @@ if mode == "train":
                                                    verbose=0).history["loss"]
     report["input_contexts"] = sorted(set(contexts))
     report["embedding_iterations"] = int(embedding_model.optimizer.iterations.numpy())
+    try:
+        with kdist.scope(compression=kdist.compression.FP16()):
+            pass
+    except ValueError as err:
+        report["compression_refused"] = str(err)
     report["embedding_devices"] = devices(embedding_model)
 else:
     model = make_model()

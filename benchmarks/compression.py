@@ -1,0 +1,171 @@
+"""Gradient compression on emulated links: bytes per step and time to a target accuracy.
+
+    sudo python benchmarks/compression.py [--rates 1gbit,100mbit] [--target 0.95] [--max-epochs 30]
+
+(needs root, iproute2 and `pip install -e ".[bench]"` for the plot). For each link rate, a fresh
+network namespace is made, its loopback shaped with `tc qdisc ... tbf rate RATE`, and 2
+MultiWorkerMirrored workers are launched inside it with `kdist launch`. Each worker trains an MLP
+64-1024-1024-10 on the UCI digits with every compressor from the same initial weights, stopping
+when the test accuracy reaches --target; the chief records wall time to target and loopback
+bytes per step. Prints a table and saves benchmarks/results/compression.{json,md,png}. Only the
+namespaces it creates are touched, and they are deleted afterwards.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+RESULTS = os.path.join(HERE, "results")
+NAMES = ("none", "fp16", "powersgd_r4", "topk_1pct")
+
+
+def job(out_path, target, max_epochs):
+    """Runs on both workers inside the shaped namespace."""
+    import kdist
+
+    kdist.strategy()
+    import keras
+
+    from kdist import compression
+
+    sys.path.insert(0, os.path.join(ROOT, "examples"))
+    import mnist_data
+
+    digits = mnist_data.load("digits")
+    x, x_test = digits.x_train.reshape(-1, 64), digits.x_test.reshape(-1, 64)
+    makers = {"none": lambda: None, "fp16": compression.FP16,
+              "powersgd_r4": lambda: compression.PowerSGD(rank=4),
+              "topk_1pct": lambda: compression.TopK(0.01, momentum=0.9, start_step=46)}
+    batch = kdist.global_batch_size(32)
+    rows = {}
+    for name in NAMES:
+        compressor = makers[name]()
+        keras.utils.set_random_seed(0)
+        with kdist.scope(compression=compressor):
+            model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1024, activation="relu"),
+                                      keras.layers.Dense(1024, activation="relu"),
+                                      keras.layers.Dense(10)])
+            momentum = 0.0 if getattr(compressor, "momentum", 0.0) else 0.9
+            model.compile(keras.optimizers.SGD(0.05, momentum=momentum),
+                          keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                          metrics=["accuracy"])
+        started, before = time.perf_counter(), _loopback_bytes()
+        steps = epochs = 0
+        accuracy = 0.0
+        while accuracy < target and epochs < max_epochs:
+            history = model.fit(x, digits.y_train, batch_size=batch, epochs=1, verbose=0,
+                                shuffle=False)
+            steps += -(-len(x) // batch)
+            epochs += 1
+            accuracy = model.evaluate(x_test, digits.y_test, batch_size=batch, verbose=0)[1]
+        rows[name] = {"seconds_to_target": time.perf_counter() - started if accuracy >= target
+                      else None, "epochs": epochs, "accuracy": accuracy,
+                      "bytes_per_step": (_loopback_bytes() - before) / steps,
+                      "train_loss": history.history["loss"][-1]}
+    if kdist.cluster().is_chief:
+        with open(out_path, "w") as f:
+            json.dump(rows, f)
+
+
+def _loopback_bytes():
+    with open("/proc/net/dev") as f:
+        for line in f:
+            name, _, counters = line.partition(":")
+            if name.strip() == "lo":
+                return int(counters.split()[0])
+    raise RuntimeError("no loopback interface")
+
+
+def run(command, **kwargs):
+    return subprocess.run(command, check=True, **kwargs)
+
+
+def shaped_run(rate, out_path, args):
+    namespace = f"kdist-bench-{os.getpid()}"
+    run(["ip", "netns", "add", namespace])
+    try:
+        run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"])
+        rate_bits = {"gbit": 10 ** 9, "mbit": 10 ** 6}[rate[-4:]] * float(rate[:-4])
+        burst = max(32_000, int(rate_bits / 8 / 100))  # 10 ms worth of bytes
+        run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
+             "rate", rate, "burst", str(burst), "latency", "50ms"])
+        env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        run(["ip", "netns", "exec", namespace, sys.executable, "-m", "kdist", "launch",
+             "--workers", "2", "--timeout", str(args.timeout), "--", sys.executable,
+             os.path.abspath(__file__), "--job-out", out_path, "--target", str(args.target),
+             "--max-epochs", str(args.max_epochs)], env=env, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, timeout=args.timeout + 60)
+    finally:
+        run(["ip", "netns", "delete", namespace])
+    with open(out_path) as f:
+        return json.load(f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rates", default="1gbit,100mbit")
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--max-epochs", type=int, default=30)
+    parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--job-out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.job_out:
+        return job(args.job_out, args.target, args.max_epochs)
+
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        for rate in args.rates.split(","):
+            results[rate] = shaped_run(rate, os.path.join(scratch, f"{rate}.json"), args)
+            print(f"{rate}: done", flush=True)
+    lines = [f"Time to {args.target:.0%} test accuracy on the UCI digits, MLP 64-1024-1024-10, 2 "
+             f"MWMS workers on a loopback shaped by tc tbf, {os.cpu_count()} CPU cores.", "",
+             "| link | compressor | bytes/step | reduction | epochs | accuracy | seconds to target "
+             "| speed-up |", "|---|---|---|---|---|---|---|---|"]
+    for rate, rows in results.items():
+        base = rows["none"]
+        for name in NAMES:
+            row = rows[name]
+            seconds = row["seconds_to_target"]
+            speedup = (f"{base['seconds_to_target'] / seconds:.2f}" if seconds and
+                       base["seconds_to_target"] else "-")
+            lines.append(f"| {rate} | {name} | {row['bytes_per_step']:,.0f} | "
+                         f"{base['bytes_per_step'] / row['bytes_per_step']:.1f}x | {row['epochs']} | "
+                         f"{row['accuracy']:.4f} | {seconds and f'{seconds:.1f}' or 'not reached'} | "
+                         f"{speedup} |")
+    table = "\n".join(lines)
+    print(table)
+    os.makedirs(RESULTS, exist_ok=True)
+    with open(os.path.join(RESULTS, "compression.json"), "w") as f:
+        json.dump(results, f, indent=2)
+    with open(os.path.join(RESULTS, "compression.md"), "w") as f:
+        f.write(table + "\n")
+    plot(results, os.path.join(RESULTS, "compression.png"))
+
+
+def plot(results, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    width = 0.8 / len(results)
+    for i, (rate, rows) in enumerate(results.items()):
+        seconds = [rows[n]["seconds_to_target"] or 0 for n in NAMES]
+        axis.bar([k + i * width for k in range(len(NAMES))], seconds, width, label=rate)
+    axis.set_xticks([k + width * (len(results) - 1) / 2 for k in range(len(NAMES))], NAMES)
+    axis.set_ylabel("seconds to target accuracy")
+    axis.set_title("kdist gradient compression, 2 workers, shaped loopback")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+if __name__ == "__main__":
+    main()
