@@ -287,6 +287,7 @@ def _patch_atomic_assign():
 def _patch_gradient_compression():
     from keras.src.backend.tensorflow import optimizer as tf_optimizer
     from keras.src.backend.tensorflow import trainer
+    from keras.src.trainers import trainer as base_trainer
 
     from kdist.compression import hook
 
@@ -351,7 +352,9 @@ def _patch_gradient_compression():
             _replace(tf_optimizer.TFOptimizer, "_backend_update_step", update_step),
             _replace(tf_optimizer.TFOptimizer, "_apply_weight_decay", weight_decay),
             _replace(tf_optimizer.TFOptimizer, "build", build),
-            _replace(trainer.TensorFlowTrainer, "compile", compile),
+            # On Trainer itself: Keras treats a compile() that differs from Trainer.compile as
+            # custom and then skips compiling models it loads.
+            _replace(base_trainer.Trainer, "compile", compile),
             _replace(trainer.TensorFlowTrainer, "fit", fit)]
 
 

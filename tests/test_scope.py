@@ -182,6 +182,19 @@ def test_linear_warmup_ramps_then_hands_over():
         kdist.LinearWarmup(0.1, warmup_steps=0)
 
 
+def test_loaded_models_are_still_compiled_with_the_patches_installed(tmp_path):
+    """Regression: patching compile on a subclass made Keras treat it as custom and skip
+    compiling models in load_model."""
+    keras_compat.install()
+    with kdist.scope(compression=kdist.compression.FP16()):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("adam", "mse")
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert loaded.compiled and loaded.optimizer.__class__.__name__ == "Adam"
+
+
 def test_workarounds_are_gated_on_the_versions_they_target():
     for workaround in keras_compat.WORKAROUNDS:
         assert workaround.upstream and workaround.keras_versions and workaround.tf_versions

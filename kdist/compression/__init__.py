@@ -4,8 +4,8 @@
 >>> with kdist.scope(compression=kdist.compression.PowerSGD(rank=4)):
 ...     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64), keras.layers.Dense(1)])
 ...     model.compile(optimizer="adam", loss="mse")        # any Keras 3 optimizer
->>> round(kdist.compression.stats(model)["comm_ratio"], 1)
-3.3
+>>> round(kdist.compression.stats(model)["comm_ratio"], 1)    # 64x64 kernel 8x, the rest plain
+6.6
 
 Compressors: `NoCompression`, `FP16`, `BF16`, `PowerSGD`, `TopK`. Write your own by subclassing
 `Compressor` (state + compress/decompress). `aggregate_every=k` in `kdist.scope()` accumulates
