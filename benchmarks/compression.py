@@ -19,9 +19,10 @@ import sys
 import tempfile
 import time
 
+import results_table
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "results")
 NAMES = ("none", "fp16", "powersgd_r4", "topk_1pct")
 
 
@@ -138,14 +139,8 @@ def main():
                          f"{base['bytes_per_step'] / row['bytes_per_step']:.1f}x | {row['epochs']} | "
                          f"{row['accuracy']:.4f} | {seconds and f'{seconds:.1f}' or 'not reached'} | "
                          f"{speedup} |")
-    table = "\n".join(lines)
-    print(table)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "compression.json"), "w") as f:
-        json.dump(results, f, indent=2)
-    with open(os.path.join(RESULTS, "compression.md"), "w") as f:
-        f.write(table + "\n")
-    plot(results, os.path.join(RESULTS, "compression.png"))
+    folder = results_table.save("compression", "\n".join(lines), results)
+    plot(results, os.path.join(folder, "compression.png"))
 
 
 def plot(results, path):

@@ -17,8 +17,7 @@ import sys
 import tempfile
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS = os.path.join(HERE, "results")
+import results_table
 
 
 def job(out_path, steps, epochs):
@@ -105,14 +104,10 @@ def main():
              "|---|---|---|---|---|"]
     lines += [f"| {r['workers']} | {r['steps_per_second']:.1f} | {64 * r['steps_per_second']:.0f} | "
               f"{r['steps_per_second'] / baseline:.2f} | {r['mean_staleness']:.2f} |" for r in rows]
-    table = "\n".join(lines)
-    print(table)
-    os.makedirs(RESULTS, exist_ok=True)
-    with open(os.path.join(RESULTS, "ps_throughput.json"), "w") as f:
-        json.dump({"machine": f"{os.cpu_count()} CPU cores", "rows": rows}, f, indent=2)
-    with open(os.path.join(RESULTS, "ps_throughput.md"), "w") as f:
-        f.write(f"Measured on {os.cpu_count()} CPU cores, chief + N workers + 2 ps on loopback, "
-                f"{args.steps} steps/epoch, batch 64.\n\n{table}\n")
+    results_table.save("ps_throughput",
+                       f"Measured on {os.cpu_count()} CPU cores, chief + N workers + 2 ps on "
+                       f"loopback, {args.steps} steps/epoch, batch 64.\n\n" + "\n".join(lines),
+                       {"machine": f"{os.cpu_count()} CPU cores", "rows": rows})
 
 
 if __name__ == "__main__":

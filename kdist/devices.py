@@ -12,6 +12,8 @@ def split_cpu(count: int) -> list[str]:
     >>> import kdist
     >>> kdist.split_cpu(2)                                  # doctest: +SKIP
     ['/device:CPU:0', '/device:CPU:1']
+
+    It does not start TensorFlow's runtime, so a MultiWorkerMirroredStrategy may follow.
     """
     import tensorflow as tf
 
@@ -27,4 +29,6 @@ def split_cpu(count: int) -> list[str]:
             raise RuntimeError(f"split_cpu({count}) must be called before TensorFlow initialises its "
                                "devices: call it at the top of the script, before any op, dataset, "
                                "model or strategy") from err
-    return [d.name for d in tf.config.list_logical_devices("CPU")]
+    # Named, not listed: listing logical devices would start TF's runtime, after which
+    # MultiWorkerMirroredStrategy can no longer be created.
+    return [f"/device:CPU:{i}" for i in range(count)]

@@ -93,6 +93,17 @@ def test_compression_example_trains_two_workers_with_powersgd():
     assert re.search(r"\[worker-0\] PowerSGD\(.*rank=4.*\): \d+\.\dx fewer gradient bytes", output)
 
 
+def test_model_parallel_example_on_logical_cpus():
+    result = run_python(["examples/model_parallel_dense.py", "--data=digits", "--epochs=3",
+                         "--cpu_devices=3", "--hidden=300"], timeout=240)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    match = re.search(r"uci_digits: test accuracy (\S+) after 3 epochs, layers split over 3 devices",
+                      result.stdout)
+    assert match and float(match.group(1)) > 0.9, result.stdout[-3000:]
+    assert "column layer kernel bytes per device: [25600, 25600, 25600] (whole kernel 76800)" \
+        in result.stdout
+
+
 def test_mirrored_example_on_logical_cpus():
     result = run_python(["examples/mnist_mirrored.py", "--data=digits", "--epochs=3",
                          "--cpu_devices=4"], timeout=240)

@@ -1,10 +1,11 @@
-"""kdist layers: variables split over parameter servers.
+"""kdist layers: variables split over parameter servers (Partitioned*) or devices (ModelParallel*).
 
 >>> import kdist
 >>> kdist.layers.PartitionedDense(16, num_shards=2)       # doctest: +ELLIPSIS
 <PartitionedDense name=partitioned_dense..., built=False>
 """
 
+from kdist.layers.model_parallel import ModelParallelDense
 from kdist.layers.partitioned import PartitionedDense, PartitionedEmbedding
 
-__all__ = ["PartitionedDense", "PartitionedEmbedding"]
+__all__ = ["ModelParallelDense", "PartitionedDense", "PartitionedEmbedding"]

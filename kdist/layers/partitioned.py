@@ -21,12 +21,36 @@ import keras
 from keras import ops
 
 
-def split_sizes(total: int, parts: int) -> list[int]:
+def split_sizes(total: int, parts: int, what: str = "num_shards") -> list[int]:
     """`total` split into `parts` sizes differing by at most one, larger first (TF's "div" rule)."""
     if parts < 1 or parts > total:
-        raise ValueError(f"num_shards={parts}: use 1 to {total} (one shard holds at least one "
+        raise ValueError(f"{what}={parts}: use 1 to {total} (each part holds at least one "
                          "unit/row)")
     return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+_DENSE_OPTIONS = ("kernel_initializer", "bias_initializer", "kernel_regularizer",
+                  "bias_regularizer", "kernel_constraint", "bias_constraint")
+
+
+def set_dense_options(layer, activation, use_bias, kernel_initializer, bias_initializer,
+                      kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint):
+    """Sets the options a Dense-like layer shares with `keras.layers.Dense`."""
+    layer.activation = keras.activations.get(activation)
+    layer.use_bias = use_bias
+    getters = (keras.initializers.get, keras.initializers.get, keras.regularizers.get,
+               keras.regularizers.get, keras.constraints.get, keras.constraints.get)
+    values = (kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+              kernel_constraint, bias_constraint)
+    for name, get, value in zip(_DENSE_OPTIONS, getters, values):
+        setattr(layer, name, get(value))
+
+
+def dense_options_config(layer) -> dict:
+    """The `get_config()` entries of `set_dense_options`."""
+    return {"activation": keras.activations.serialize(layer.activation), "use_bias": layer.use_bias,
+            **{name: keras.saving.serialize_keras_object(getattr(layer, name))
+               for name in _DENSE_OPTIONS}}
 
 
 def _default_shards() -> int:
@@ -35,18 +59,27 @@ def _default_shards() -> int:
     return max(1, cluster().roles.get("ps", 1))
 
 
-def _add_shards(layer, name, full_shape, axis, initializer, regularizer, constraint, num_shards):
-    """Initialises the whole variable once, then adds it as `num_shards` variables split on `axis`."""
+def _add_shards(layer, name, full_shape, axis, initializer, regularizer, constraint, num_shards,
+                devices=None):
+    """Initialises the whole variable once, then adds it as `num_shards` variables split on `axis`
+    (shard i created on `devices[i]` when devices are given)."""
+    import contextlib
+
+    import tensorflow as tf
+
     initializer = keras.initializers.get(initializer)
-    full = initializer(full_shape, dtype=layer.variable_dtype)
+    with tf.init_scope():  # eager even when the layer is built while a model is being traced
+        full = initializer(full_shape, dtype=layer.variable_dtype)
     shards, start = [], 0
     for i, size in enumerate(split_sizes(full_shape[axis], num_shards)):
-        piece = ops.slice(full, [start if a == axis else 0 for a in range(len(full_shape))],
-                          [size if a == axis else d for a, d in enumerate(full_shape)])
-        shards.append(layer.add_weight(
-            name=f"{name}_shard_{i}", shape=tuple(piece.shape),
-            initializer=lambda shape, dtype=None, value=piece: ops.cast(value, dtype),
-            regularizer=regularizer, constraint=constraint))
+        with tf.init_scope():
+            piece = ops.slice(full, [start if a == axis else 0 for a in range(len(full_shape))],
+                              [size if a == axis else d for a, d in enumerate(full_shape)])
+        with tf.device(devices[i]) if devices else contextlib.nullcontext():
+            shards.append(layer.add_weight(
+                name=f"{name}_shard_{i}", shape=tuple(piece.shape),
+                initializer=lambda shape, dtype=None, value=piece: ops.cast(value, dtype),
+                regularizer=regularizer, constraint=constraint))
         start += size
     return shards
 
@@ -70,14 +103,8 @@ class PartitionedDense(keras.layers.Layer):
         self.units = units
         self.num_shards = num_shards or _default_shards()
         split_sizes(units, self.num_shards)  # validates early
-        self.activation = keras.activations.get(activation)
-        self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-        self.kernel_constraint = keras.constraints.get(kernel_constraint)
-        self.bias_constraint = keras.constraints.get(bias_constraint)
+        set_dense_options(self, activation, use_bias, kernel_initializer, bias_initializer,
+                          kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
         self.kernel_shards = _add_shards(self, "kernel", (input_shape[-1], self.units), 1,
@@ -105,11 +132,7 @@ class PartitionedDense(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "num_shards": self.num_shards,
-                "activation": keras.activations.serialize(self.activation),
-                "use_bias": self.use_bias,
-                **{name: keras.saving.serialize_keras_object(getattr(self, name)) for name in (
-                    "kernel_initializer", "bias_initializer", "kernel_regularizer",
-                    "bias_regularizer", "kernel_constraint", "bias_constraint")}}
+                **dense_options_config(self)}
 
 
 @keras.saving.register_keras_serializable(package="kdist")
