@@ -28,6 +28,7 @@ if not _logger.handlers:  # visible by default, like absl; configure the "kdist"
 # then start without importing TensorFlow.
 _LAZY = {
     "callbacks": ("kdist.callbacks", None),
+    "compression": ("kdist.compression", None),
     "layers": ("kdist.layers", None),
     "LinearWarmup": ("kdist.batching", "LinearWarmup"),
     "global_batch_size": ("kdist.batching", "global_batch_size"),
@@ -51,9 +52,10 @@ __all__ = [
     "LinearWarmup",
     "callbacks",
     "cluster",
-    "layers",
+    "compression",
     "current_strategy",
     "global_batch_size",
+    "layers",
     "scale_learning_rate",
     "scope",
     "serve",

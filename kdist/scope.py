@@ -16,7 +16,6 @@ import os
 
 import strategies
 from kdist import keras_compat
-from kdist.compression import hook as compression_hook
 from kdist.keras_ps import is_parameter_server
 from kdist.cluster import cluster
 from kdist.serve import serve
@@ -73,6 +72,8 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, **
     MultiWorkerMirrored; more than one local GPU or several `devices=` -> Mirrored; else the
     default strategy. Create models and call `compile()` inside the block.
     """
+    from kdist.compression import hook as compression_hook  # needs Keras: imported on use
+
     chosen = _build_or_reuse(strategy, options)
     if (compression is not None or aggregate_every != 1) and is_parameter_server(chosen):
         raise ValueError(

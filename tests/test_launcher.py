@@ -164,6 +164,16 @@ def test_launch_from_spec_file(tmp_path):
     assert sorted(pids(tmp_path)) == ["chief:0", "worker:0", "worker:1"]
 
 
+def test_the_command_line_does_not_import_tensorflow():
+    """`import kdist` (and so `kdist launch`/`validate`) stays light: no TensorFlow, no Keras."""
+    from conftest import run_python
+
+    result = run_python(["-c", "import sys, kdist, kdist.cli, kdist.launcher, kdist.spec_file; "
+                               "print(sorted(m for m in ('tensorflow', 'keras') if m in sys.modules))"],
+                        timeout=60)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
 def wait_for_pids(directory, count, timeout=20):
     deadline = time.monotonic() + timeout
     while len(list(directory.glob("*.pid"))) < count:

@@ -31,11 +31,13 @@ def _numel(shape) -> int:
 
 
 class Comm:
-    """The collectives of the current replica context, batched over lists of tensors."""
+    """The collectives of the current replica context, batched over lists of tensors, and the
+    optimizer step they serve (`step`, a tensor)."""
 
-    def __init__(self, replica_context):
+    def __init__(self, replica_context, step):
         self._context = replica_context
         self.replicas = replica_context.num_replicas_in_sync
+        self.step = step
 
     def all_reduce_sum(self, tensors: list) -> list:
         import tensorflow as tf

@@ -109,8 +109,7 @@ def all_reduce_sum(optimizer, grads_and_vars, replica_context):
     pairs = list(grads_and_vars)
     present = [(i, g, v) for i, (g, v) in enumerate(pairs) if g is not None]
     dense = [tf.convert_to_tensor(g) for _, g, _ in present]  # IndexedSlices: densified
-    comm = Comm(replica_context)
-    comm.step = optimizer.iterations
+    comm = Comm(replica_context, optimizer.iterations)
     chosen = [k for k, (_, _, v) in enumerate(present)
               if optimizer._kdist_phase.compress and compressor.should_compress(v.shape)]
     plain = [k for k in range(len(present)) if k not in chosen]
@@ -175,6 +174,7 @@ class PhaseCallback(keras.callbacks.Callback):
         self.compressor = optimizer._kdist_compression
         self.every = optimizer._kdist_aggregate_every
         self._functions = {}
+        self._stats = {}
 
     def on_train_begin(self, logs=None):
         if self.model.steps_per_execution > 1 and self.every > 1:
@@ -205,4 +205,7 @@ class PhaseCallback(keras.callbacks.Callback):
 
     def _add_stats(self, logs):
         if logs is not None:
-            logs.update(stats(self.model, compressing=self.optimizer._kdist_phase.compress))
+            compressing = self.optimizer._kdist_phase.compress
+            if compressing not in self._stats:
+                self._stats[compressing] = stats(self.model, compressing=compressing)
+            logs.update(self._stats[compressing])

@@ -70,8 +70,7 @@ def exactness():
         context = tf.distribute.get_replica_context()
         scale = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
         grad = scale * (u @ v)  # replicas differ, the sum (3 u v) has rank 2
-        comm = compression.Comm(context)
-        comm.step = tf.constant(0, tf.int64)
+        comm = compression.Comm(context, tf.constant(0, tf.int64))
         return compression.PowerSGD(rank=2).aggregate([grad], states, comm)[0]
 
     return strategy.run(replica)
