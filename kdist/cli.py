@@ -1,8 +1,11 @@
-"""The `kdist` command line: `kdist launch` and `kdist validate`.
+"""The `kdist` command line.
 
     kdist launch --workers 2 -- python train.py --epochs 3
     kdist launch --spec cluster_specs/local-2-workers.json -- python train.py
     kdist validate cluster_specs/local-ps.json
+    kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
+    kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image REGISTRY/train:1 -- python train.py
+    kdist exec -- python train.py          (inside a pod rendered with --format jobs)
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ EXIT_USAGE = 2
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kdist", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="command", required=True)
+    commands = parser.add_subparsers(dest="verb", required=True)
 
     launch = commands.add_parser(
         "launch", help="run a command as every task of a local cluster on 127.0.0.1",
@@ -39,7 +42,40 @@ def _parser() -> argparse.ArgumentParser:
 
     validate = commands.add_parser("validate", help="check a cluster-spec file")
     validate.add_argument("spec")
+
+    tf_config = commands.add_parser(
+        "tf-config", help="print the TF_CONFIG of one task of a spec as deployed on Kubernetes")
+    tf_config.add_argument("--spec", required=True)
+    tf_config.add_argument("--task", required=True, help="TYPE:INDEX, e.g. worker:1")
+    tf_config.add_argument("--namespace", default="default")
+
+    k8s = commands.add_parser("k8s", help="Kubernetes manifests")
+    k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
+    render = k8s_commands.add_parser("render", help="write the manifests of a spec")
+    render.add_argument("--spec", required=True)
+    render.add_argument("--image", help="container image (default: the spec's image)")
+    render.add_argument("--namespace", default="default")
+    render.add_argument("--format", default="jobs", choices=["jobs", "tfjob"],
+                        help="jobs: Indexed Jobs + headless Service (no operator); tfjob: Kubeflow")
+    render.add_argument("--output", help="file to write (default: stdout)")
+    render.add_argument("command", nargs=argparse.REMAINDER,
+                        help="-- program and arguments (default: the spec's command)")
+
+    exec_ = commands.add_parser("exec", help="in a pod: set TF_CONFIG from JOB_COMPLETION_INDEX, "
+                                             "then run the command")
+    exec_.add_argument("command", nargs=argparse.REMAINDER)
     return parser
+
+
+def _after_dashes(command: list[str]) -> list[str]:
+    return command[1:] if command[:1] == ["--"] else command
+
+
+def _task(text: str) -> tuple[str, int]:
+    task_type, sep, index = text.partition(":")
+    if not sep or not index.isdigit():
+        raise ClusterSpecError("--task", f"{text!r} is not TYPE:INDEX", "write e.g. --task worker:1")
+    return task_type, int(index)
 
 
 def _launch_spec(args) -> ClusterSpec:
@@ -49,6 +85,12 @@ def _launch_spec(args) -> ClusterSpec:
         if args.workers is not None or args.chief or args.ps or args.evaluator:
             raise ClusterSpecError("--spec", "given together with --workers/--chief/--ps/--evaluator",
                                    "describe the cluster either with --spec or with the role flags")
+        from kdist.spec_file import KUBERNETES_ONLY, read_spec
+
+        kubernetes_keys = [k for k in KUBERNETES_ONLY if k in read_spec(args.spec)]
+        if kubernetes_keys:
+            print(f"kdist: {', '.join(kubernetes_keys)} in {args.spec} apply to Kubernetes only; "
+                  "this local launch runs the command after --", file=sys.stderr)
         return load_spec(args.spec)
     roles = {"chief": int(args.chief), "worker": 2 if args.workers is None else args.workers,
              "ps": args.ps, "evaluator": int(args.evaluator)}
@@ -58,16 +100,37 @@ def _launch_spec(args) -> ClusterSpec:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
-        if args.command == "validate":
+        if args.verb == "validate":
             from kdist.spec_file import load_spec
 
             spec = load_spec(args.spec)
             print(f"{args.spec}: valid; " + ", ".join(f"{n} {job}" for job, n in spec.roles.items()))
             return 0
+        if args.verb in ("tf-config", "k8s"):
+            from kdist import k8s
+            from kdist.spec_file import read_k8s_spec
+
+            spec = read_k8s_spec(args.spec)
+            if args.verb == "tf-config":
+                cluster = k8s.kubernetes_cluster(spec, args.namespace)
+                print(cluster.tf_config_json(*_task(args.task)))
+                return 0
+            manifests = k8s.to_yaml(k8s.render(spec, _after_dashes(args.command), args.namespace,
+                                               args.image, args.format))
+            if args.output:
+                with open(args.output, "w", encoding="utf-8") as f:
+                    f.write(manifests)
+            else:
+                sys.stdout.write(manifests)
+            return 0
+        if args.verb == "exec":
+            from kdist import k8s
+
+            k8s.exec_with_tf_config(_after_dashes(args.command))  # does not return
         from kdist.launcher import Launcher
 
-        command = args.command[1:] if args.command[:1] == ["--"] else args.command
-        launcher = Launcher(_launch_spec(args), command, timeout=args.timeout, grace=args.grace)
+        launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
+                            grace=args.grace)
     except (ClusterSpecError, ValueError) as err:
         print(f"kdist: error: {err}", file=sys.stderr)
         return EXIT_USAGE

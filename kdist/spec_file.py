@@ -10,8 +10,11 @@ Two forms are accepted:
 
       {"name": "fixed", "cluster": {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}}
 
-Keys: ``name`` (optional text), ``roles`` (job -> task count) or ``cluster`` (job -> addresses),
-``host`` (roles form only; default 127.0.0.1). Unknown keys are errors.
+Keys: ``name`` (optional text; required for Kubernetes), ``roles`` (job -> task count, or
+job -> ``{count, resources}``) or ``cluster`` (job -> addresses), ``host`` (roles form only; default
+127.0.0.1). Kubernetes only (`kdist k8s render`, ignored by local launches): ``port`` (2222),
+``image``, ``command`` (list), ``resources`` (requests/limits for every role), ``restart_policy``
+(Never or OnFailure; Never), ``backoff_limit`` (0). Unknown keys are errors.
 
 >>> from kdist.spec_file import load_spec
 >>> load_spec("cluster_specs/local-2-workers.json").roles      # doctest: +SKIP
@@ -26,7 +29,9 @@ from typing import Any
 
 from kdist.cluster import ClusterSpec, ClusterSpecError
 
-_KEYS = ("name", "roles", "cluster", "host")
+_KEYS = ("name", "roles", "cluster", "host", "port", "image", "command", "resources",
+         "restart_policy", "backoff_limit")
+KUBERNETES_ONLY = ("port", "image", "command", "resources", "restart_policy", "backoff_limit")
 
 
 def read_spec(path: str) -> dict[str, Any]:
@@ -69,8 +74,60 @@ def load_spec(path: str, host: str | None = None) -> ClusterSpec:
             raise ClusterSpecError(f"{path}.cluster", "must be a mapping of job -> addresses",
                                    'write "cluster": {"worker": ["host:port", ...]}')
         return ClusterSpec(data["cluster"], source=path)
+    counts = _role_counts(data, path)
+    return ClusterSpec.local_layout(counts, host=host or data.get("host", "127.0.0.1"), source=path)
+
+
+def _role_counts(data: dict, path: str) -> dict[str, int]:
     roles = data["roles"]
     if not isinstance(roles, dict) or not roles:
         raise ClusterSpecError(f"{path}.roles", "must be a non-empty mapping of job -> task count",
                                'write "roles": {"worker": 2}')
-    return ClusterSpec.local_layout(roles, host=host or data.get("host", "127.0.0.1"), source=path)
+    counts = {}
+    for role, value in roles.items():
+        if isinstance(value, dict):
+            unknown = sorted(set(value) - {"count", "resources"})
+            if unknown:
+                raise ClusterSpecError(f"{path}.roles.{role}.{unknown[0]}", "unknown key",
+                                       "use count and resources")
+            value = value.get("count")
+        counts[role] = value
+    return counts
+
+
+def read_k8s_spec(path: str) -> dict:
+    """A roles-form spec with its Kubernetes fields checked and defaulted."""
+    import re
+
+    data = read_spec(path)
+    if "roles" not in data:
+        raise ClusterSpecError(f"{path}.cluster", "fixed addresses cannot be rendered for "
+                               "Kubernetes", 'describe the job with "roles": {"worker": 2}')
+    name = data.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?", name):
+        raise ClusterSpecError(f"{path}.name", f"{name!r} is not a Kubernetes name",
+                               "use lower-case letters, digits and '-', starting with a letter "
+                               "(at most 42 characters)")
+    counts = _role_counts(data, path)
+    ClusterSpec.local_layout(counts, ports=list(range(1, 1 + sum(counts.values()))), source=path)
+    port = data.get("port", 2222)
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+        raise ClusterSpecError(f"{path}.port", f"bad port {port!r}", "use 1 to 65535, e.g. 2222")
+    restart = data.get("restart_policy", "Never")
+    if restart not in ("Never", "OnFailure"):
+        raise ClusterSpecError(f"{path}.restart_policy", f"{restart!r} is not a Job restart policy",
+                               "use Never or OnFailure")
+    backoff = data.get("backoff_limit", 0)
+    if isinstance(backoff, bool) or not isinstance(backoff, int) or backoff < 0:
+        raise ClusterSpecError(f"{path}.backoff_limit", f"{backoff!r}", "use a count >= 0")
+    command = data.get("command")
+    if command is not None and (not isinstance(command, list) or not all(
+            isinstance(c, str) for c in command)):
+        raise ClusterSpecError(f"{path}.command", "must be a list of strings",
+                               "write command: [python, train.py]")
+    resources = {role: (value.get("resources") if isinstance(value, dict) else None)
+                 or data.get("resources") for role, value in data["roles"].items()}
+    return {"path": path, "name": name, "roles": {r: n for r, n in counts.items() if n},
+            "port": port, "image": data.get("image"), "command": command,
+            "resources": {r: v for r, v in resources.items() if v},
+            "restart_policy": restart, "backoff_limit": backoff}

@@ -138,7 +138,7 @@ def test_shipped_spec_files_are_valid():
 
 
 @pytest.mark.parametrize("content,words", [
-    ('{"roles": {"worker": 2}, "image": "x"}', "unknown key"),
+    ('{"roles": {"worker": 2}, "gpus": 1}', "unknown key"),
     ('{"name": "x"}', "exactly one of 'roles' and 'cluster'"),
     ('{"roles": {"worker": 2, "chief": 2}}', "at most one"),
     ('{"roles": {}}', "non-empty mapping"),

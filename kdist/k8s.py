@@ -1,0 +1,152 @@
+"""Kubernetes manifests from a cluster-spec file: plain Indexed Jobs or a Kubeflow TFJob.
+
+    kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image registry/train:1 -- python train.py
+
+`jobs` (no operator needed): one headless Service for the job and one Indexed Job per role. A pod of
+role R with completion index i is reachable as ``<job>-<R>-<i>.<job>.<namespace>.svc``; kdist
+computes the whole cluster at render time and each pod derives its own TF_CONFIG at start from its
+`JOB_COMPLETION_INDEX` (`kdist exec`), so no TF_CONFIG is written by hand into YAML.
+
+`tfjob`: a Kubeflow TFJob (replica types Chief, Worker, PS, Evaluator, never Master; the container
+is named `tensorflow`; the operator writes TF_CONFIG).
+
+Both come with a NetworkPolicy that admits the gRPC port only from the job's own pods: TensorFlow's
+runtime is unauthenticated. ps and worker pods finish when the chief does (`kdist.serve()`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from kdist.cluster import ClusterSpec, ClusterSpecError
+
+CLUSTER_ENV = "KDIST_CLUSTER"  # the job's cluster (TF_CONFIG's "cluster"), computed by kdist
+ROLE_ENV = "KDIST_TASK_TYPE"  # this pod's role
+INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes for Indexed Jobs
+TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+LABEL = "kdist.dev/job"
+
+
+def host(job: str, role: str, index: int, namespace: str) -> str:
+    """The DNS name of a pod of an Indexed Job under the job's headless Service."""
+    return f"{job}-{role}-{index}.{job}.{namespace}.svc"
+
+
+def kubernetes_cluster(spec: dict, namespace: str) -> ClusterSpec:
+    """The ClusterSpec of a rendered job: one `host()` per task, all on the spec's port."""
+    roles, port = spec["roles"], spec["port"]
+    return ClusterSpec({role: [f"{host(spec['name'], role, i, namespace)}:{port}"
+                               for i in range(n)] for role, n in roles.items() if n},
+                       source=spec["path"])
+
+
+def render(spec: dict, command: list[str], namespace: str = "default", image: str | None = None,
+           fmt: str = "jobs") -> list[dict]:
+    """The manifests for `spec` (see `kdist.spec_file.read_k8s_spec`) running `command`."""
+    image = image or spec.get("image")
+    if not image:
+        raise ClusterSpecError(f"{spec['path']}.image", "missing: Kubernetes needs a container image",
+                               "add image: to the spec or pass --image")
+    command = command or spec.get("command")
+    if not command:
+        raise ClusterSpecError(f"{spec['path']}.command", "missing: nothing to run in the pods",
+                               "add command: [python, train.py] to the spec or pass -- python train.py")
+    if fmt not in ("jobs", "tfjob"):
+        raise ValueError(f"--format={fmt!r}: use jobs or tfjob")
+    cluster = kubernetes_cluster(spec, namespace)  # validates the roles as TF would
+    documents = _jobs(spec, cluster, command, image, namespace) if fmt == "jobs" else \
+        [_tfjob(spec, command, image, namespace)]
+    return documents + [_network_policy(spec, namespace)]
+
+
+def _container(spec, role, image, command, env):
+    container = {"name": "tensorflow", "image": image, "command": command,
+                 "ports": [{"name": "grpc", "containerPort": spec["port"]}], "env": env}
+    resources = spec["resources"].get(role)
+    if resources:
+        container["resources"] = resources
+    return container
+
+
+def _jobs(spec, cluster, command, image, namespace):
+    name = spec["name"]
+    service = {"apiVersion": "v1", "kind": "Service",
+               "metadata": {"name": name, "namespace": namespace, "labels": {LABEL: name}},
+               "spec": {"clusterIP": "None", "selector": {LABEL: name},
+                        "ports": [{"name": "grpc", "port": spec["port"]}]}}
+    cluster_json = json.dumps(cluster.jobs, separators=(",", ":"))
+    jobs = []
+    for role, count in spec["roles"].items():
+        env = [{"name": CLUSTER_ENV, "value": cluster_json}, {"name": ROLE_ENV, "value": role}]
+        pod = {"metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
+               "spec": {"subdomain": name, "restartPolicy": spec["restart_policy"],
+                        "containers": [_container(spec, role, image,
+                                                  ["kdist", "exec", "--", *command], env)]}}
+        jobs.append({"apiVersion": "batch/v1", "kind": "Job",
+                     "metadata": {"name": f"{name}-{role}", "namespace": namespace,
+                                  "labels": {LABEL: name}},
+                     "spec": {"completionMode": "Indexed", "completions": count,
+                              "parallelism": count, "backoffLimit": spec["backoff_limit"],
+                              "template": pod}})
+    return [service, *jobs]
+
+
+def _tfjob(spec, command, image, namespace):
+    name = spec["name"]
+    replicas = {}
+    for role, count in spec["roles"].items():
+        replicas[TFJOB_TYPES[role]] = {
+            "replicas": count, "restartPolicy": spec["restart_policy"],
+            "template": {"metadata": {"labels": {LABEL: name}},
+                         "spec": {"containers": [_container(spec, role, image, command, [])]}}}
+    return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
+            "metadata": {"name": name, "namespace": namespace, "labels": {LABEL: name}},
+            "spec": {"runPolicy": {"backoffLimit": spec["backoff_limit"]},
+                     "tfReplicaSpecs": replicas}}
+
+
+def _network_policy(spec, namespace):
+    name = spec["name"]
+    return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+            "metadata": {"name": f"{name}-grpc", "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": {LABEL: name}}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL: name}}}],
+                                  "ports": [{"protocol": "TCP", "port": spec["port"]}]}]}}
+
+
+def to_yaml(documents: list[dict]) -> str:
+    import yaml
+
+    return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
+
+
+def pod_tf_config(environ=None) -> str:
+    """In a pod of a rendered Indexed Job: this pod's TF_CONFIG, from the environment."""
+    environ = os.environ if environ is None else environ
+    missing = [k for k in (CLUSTER_ENV, ROLE_ENV, INDEX_ENV) if k not in environ]
+    if missing:
+        raise ClusterSpecError(missing[0], "not set: kdist exec runs inside a pod rendered by "
+                               "`kdist k8s render --format jobs`",
+                               "render the manifests with kdist, or set TF_CONFIG yourself")
+    try:
+        jobs = json.loads(environ[CLUSTER_ENV])
+    except json.JSONDecodeError as err:
+        raise ClusterSpecError(CLUSTER_ENV, f"not valid JSON ({err.msg})",
+                               "re-render the manifests with kdist") from None
+    index = environ[INDEX_ENV]
+    if not index.isdigit():
+        raise ClusterSpecError(INDEX_ENV, f"{index!r} is not a completion index",
+                               "use completionMode: Indexed")
+    return ClusterSpec(jobs).with_task(environ[ROLE_ENV], int(index)).tf_config_json()
+
+
+def exec_with_tf_config(command: list[str]) -> None:
+    """`kdist exec -- COMMAND`: sets TF_CONFIG for this pod, then replaces the process."""
+    if not command:
+        raise ValueError("kdist exec: give the program to run after '--'")
+    os.environ["TF_CONFIG"] = pod_tf_config()
+    sys.stdout.flush()
+    os.execvp(command[0], command)
+

@@ -1,0 +1,103 @@
+"""Kubernetes manifests from cluster specs: offline schema validation, per-pod TF_CONFIG, errors."""
+
+import json
+import sys
+
+import kubernetes_validate
+import pytest
+import yaml
+
+from conftest import run_kdist
+from kdist import ClusterSpecError, k8s
+from kdist.spec_file import read_k8s_spec
+
+PRESETS = ["cluster_specs/k8s-mwms.yaml", "cluster_specs/k8s-ps.yaml"]
+
+
+def rendered(path, fmt="jobs", namespace="ml"):
+    result = run_kdist(["k8s", "render", "--spec", path, "--image", "registry/train:1",
+                        "--namespace", namespace, "--format", fmt], timeout=60)
+    assert result.returncode == 0, result.stderr
+    return list(yaml.safe_load_all(result.stdout))
+
+
+@pytest.mark.parametrize("path", PRESETS)
+def test_jobs_manifests_validate_against_the_kubernetes_schemas(path):
+    documents = rendered(path)
+    assert [d["kind"] for d in documents][0] == "Service"
+    assert {d["kind"] for d in documents} == {"Service", "Job", "NetworkPolicy"}
+    for document in documents:
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("path", PRESETS)
+def test_each_pod_computes_the_tf_config_the_spec_implies(path):
+    spec = read_k8s_spec(path)
+    expected = k8s.kubernetes_cluster(spec, "ml")
+    for job in (d for d in rendered(path) if d["kind"] == "Job"):
+        role = job["metadata"]["name"].rsplit("-", 1)[1]
+        container = job["spec"]["template"]["spec"]["containers"][0]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert container["command"][:3] == ["kdist", "exec", "--"]
+        assert job["spec"]["completions"] == spec["roles"][role]
+        for index in range(job["spec"]["completions"]):
+            tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": str(index)}))
+            assert tf_config == expected.tf_config(role, index)
+            assert tf_config["cluster"][role][index] == \
+                f"{spec['name']}-{role}-{index}.{spec['name']}.ml.svc:2222"
+
+
+def test_kdist_exec_sets_tf_config_and_runs_the_command():
+    job = next(d for d in rendered("cluster_specs/k8s-ps.yaml")
+               if d["kind"] == "Job" and d["metadata"]["name"] == "mnist-ps-ps")
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    result = run_kdist(["exec", "--", sys.executable, "-c",
+                        "import os; print(os.environ['TF_CONFIG'])"], timeout=60,
+                       env={**env, "JOB_COMPLETION_INDEX": "1"})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["task"] == {"type": "ps", "index": 1}
+    tf_config = run_kdist(["tf-config", "--spec", "cluster_specs/k8s-ps.yaml", "--task", "ps:1",
+                           "--namespace", "ml"], timeout=60)
+    assert json.loads(tf_config.stdout) == json.loads(result.stdout)
+
+
+def test_network_policy_admits_grpc_only_from_the_jobs_own_pods():
+    policy = next(d for d in rendered("cluster_specs/k8s-mwms.yaml") if d["kind"] == "NetworkPolicy")
+    selector = {"matchLabels": {"kdist.dev/job": "mnist-mwms"}}
+    assert policy["spec"]["podSelector"] == selector
+    assert policy["spec"]["ingress"] == [{"from": [{"podSelector": selector}],
+                                          "ports": [{"protocol": "TCP", "port": 2222}]}]
+
+
+@pytest.mark.parametrize("path", PRESETS)
+def test_tfjob_uses_chief_never_master_and_a_tensorflow_container(path):
+    tfjob, policy = rendered(path, fmt="tfjob")
+    assert tfjob["apiVersion"] == "kubeflow.org/v1" and tfjob["kind"] == "TFJob"
+    replicas = tfjob["spec"]["tfReplicaSpecs"]
+    assert "Master" not in replicas and set(replicas) <= {"Chief", "Worker", "PS", "Evaluator"}
+    for replica in replicas.values():
+        assert replica["template"]["spec"]["containers"][0]["name"] == "tensorflow"
+        assert replica["restartPolicy"] == "Never"
+    kubernetes_validate.validate(policy, kubernetes_validate.latest_version(), strict=True)
+
+
+@pytest.mark.parametrize("content,field,words", [
+    ("name: x\nroles: {trainer: 2}\n", "roles.trainer", "unknown job"),
+    ("name: x\nroles: {chief: 2, worker: 1}\n", "cluster.chief", "at most one"),
+    ("name: x\nroles: {worker: 1, ps: 1}\n", "cluster.chief", "needs a chief"),
+    ("name: Bad_Name\nroles: {worker: 2}\n", "name", "not a Kubernetes name"),
+    ("name: x\nroles: {worker: 2}\nrestart_policy: Always\n", "restart_policy", "Never or OnFailure"),
+    ("name: x\nroles: {worker: {count: 2, cpu: 1}}\n", "roles.worker.cpu", "unknown key"),
+    ("name: x\ncluster: {worker: ['h:1']}\n", "cluster", "cannot be rendered"),
+])
+def test_bad_specs_name_the_field(tmp_path, content, field, words):
+    path = tmp_path / "spec.yaml"
+    path.write_text(content)
+    with pytest.raises(ClusterSpecError) as info:
+        read_k8s_spec(str(path))
+    assert info.value.field.endswith(field) and words in str(info.value)
+
+
+def test_missing_image_is_a_clear_error():
+    result = run_kdist(["k8s", "render", "--spec", "cluster_specs/k8s-mwms.yaml"], timeout=60)
+    assert result.returncode == 2 and "Kubernetes needs a container image" in result.stderr
