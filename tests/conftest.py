@@ -19,6 +19,15 @@ def run_python(args, timeout, env=None, cwd=ROOT):
                           timeout=timeout, env={**os.environ, **QUIET_TF, **(env or {})})
 
 
+def run_report(args, timeout):
+    """Runs a tests/programs script in a fresh process; returns the JSON it printed last."""
+    import json
+
+    result = run_python(args, timeout=timeout)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
 def run_kdist(args, timeout, env=None):
     """Runs the `kdist` command line (`python -m kdist ARGS`)."""
     return run_python(["-m", "kdist", *args], timeout=timeout, env=env)

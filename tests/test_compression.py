@@ -1,17 +1,13 @@
 """Gradient compression: correctness under MirroredStrategy (2 logical CPUs, one fresh process)."""
 
-import json
-
 import pytest
 
-from conftest import run_python
+from conftest import run_report
 
 
 @pytest.fixture(scope="module")
 def report():
-    result = run_python(["tests/programs/compression_checks.py"], timeout=400)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_report(["tests/programs/compression_checks.py"], timeout=400)
 
 
 def test_no_compression_is_plain_keras_bit_for_bit(report):

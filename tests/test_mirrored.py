@@ -1,17 +1,13 @@
 """MirroredStrategy over logical CPU devices: the synchronous-SGD claim, checked numerically."""
 
-import json
-
 import pytest
 
-from conftest import run_python
+from conftest import run_report
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
-    result = run_python(["tests/programs/mirrored_equivalence.py", str(replicas)], timeout=240)
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    report = json.loads(result.stdout.strip().splitlines()[-1])
+    report = run_report(["tests/programs/mirrored_equivalence.py", str(replicas)], timeout=240)
     assert report["strategy"] == "MirroredStrategy" and report["replicas"] == replicas
     assert report["variable_type"] == "MirroredVariable"
     assert report["global_batch"] == 8 * replicas

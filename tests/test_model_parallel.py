@@ -5,14 +5,12 @@ import json
 
 import pytest
 
-from conftest import run_kdist, run_python
+from conftest import run_kdist, run_report
 
 
 @pytest.fixture(scope="module")
 def report():
-    result = run_python(["tests/programs/model_parallel_checks.py"], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-5000:]
-    return json.loads(result.stdout.strip().splitlines()[-1])
+    return run_report(["tests/programs/model_parallel_checks.py"], timeout=300)
 
 
 def test_forward_and_gradients_equal_dense_for_1_to_4_devices(report):
