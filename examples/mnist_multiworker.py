@@ -76,13 +76,14 @@ def train(source, epochs, per_replica_batch, learning_rate, data_dir=None, check
 
 
 def launch_or_train(script, train_task):
-    """With TF_CONFIG: `train_task()` as this task. Without: picks the data once, then runs
-    `script` with the same flags on a local cluster of --workers; returns the exit code."""
+    """Inside a cluster (TF_CONFIG, or an srun step of several tasks): `train_task()` as this task.
+    Otherwise: picks the data once, then runs `script` with the same flags on a local cluster of
+    --workers; returns the exit code."""
     logging.set_verbosity(logging.WARNING)  # app.run turns on TF's INFO chatter
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import mnist_data
 
-    if "TF_CONFIG" in os.environ:
+    if kdist.cluster().is_distributed:
         train_task()
         return 0
     from kdist.launcher import Launcher

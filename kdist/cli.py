@@ -4,6 +4,7 @@
     kdist launch --spec cluster_specs/local-2-workers.json -- python train.py
     kdist validate cluster_specs/local-ps.json
     kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
+    kdist tf-config --spec cluster_specs/k8s-ps.yaml --task ps:0 --host-pattern "{role}{index}.lab"
     kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image REGISTRY/train:1 -- python train.py
     kdist exec -- python train.py          (inside a pod rendered with --format jobs)
 """
@@ -44,10 +45,15 @@ def _parser() -> argparse.ArgumentParser:
     validate.add_argument("spec")
 
     tf_config = commands.add_parser(
-        "tf-config", help="print the TF_CONFIG of one task of a spec as deployed on Kubernetes")
+        "tf-config", help="print the TF_CONFIG of one task of a spec as deployed on Kubernetes "
+                          "(or on hosts named by --host-pattern)")
     tf_config.add_argument("--spec", required=True)
     tf_config.add_argument("--task", required=True, help="TYPE:INDEX, e.g. worker:1")
     tf_config.add_argument("--namespace", default="default")
+    tf_config.add_argument("--host-pattern", default=None,
+                           help="host name of each task, with {job} (the spec's name), {role}, "
+                                "{index} and {namespace}; default: the Kubernetes pod DNS name "
+                                "{job}-{role}-{index}.{job}.{namespace}.svc")
 
     k8s = commands.add_parser("k8s", help="Kubernetes manifests")
     k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
@@ -112,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
             spec = read_k8s_spec(args.spec)
             if args.verb == "tf-config":
-                cluster = k8s.kubernetes_cluster(spec, args.namespace)
+                cluster = k8s.kubernetes_cluster(spec, args.namespace,
+                                                 args.host_pattern or k8s.HOST_PATTERN)
                 print(cluster.tf_config_json(*_task(args.task)))
                 return 0
             manifests = k8s.to_yaml(k8s.render(spec, _after_dashes(args.command), args.namespace,

@@ -219,11 +219,18 @@ class ClusterSpec:
 
 
 def cluster() -> ClusterSpec:
-    """The cluster this process belongs to, from `TF_CONFIG` (a single process when it is unset).
+    """The cluster this process belongs to: from `TF_CONFIG`; when it is unset, from the Slurm job
+    step this process is a task of (`kdist.slurm`); otherwise a single process.
 
     Raises `ClusterSpecError` naming the field and the fix when TF_CONFIG is malformed.
     """
-    return ClusterSpec.from_tf_config(os.environ.get("TF_CONFIG", ""))
+    tf_config = os.environ.get("TF_CONFIG", "")
+    if not tf_config.strip():
+        from kdist import slurm
+
+        if slurm.in_slurm_step():
+            return slurm.cluster_from_slurm()
+    return ClusterSpec.from_tf_config(tf_config)
 
 
 # --------------------------------------------------------------------- validation helpers

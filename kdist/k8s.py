@@ -29,16 +29,35 @@ TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "E
 LABEL = "kdist.dev/job"
 
 
-def host(job: str, role: str, index: int, namespace: str) -> str:
-    """The DNS name of a pod of an Indexed Job under the job's headless Service."""
-    return f"{job}-{role}-{index}.{job}.{namespace}.svc"
+# The DNS name of a pod of an Indexed Job under the job's headless Service.
+HOST_PATTERN = "{job}-{role}-{index}.{job}.{namespace}.svc"
+_PLACEHOLDERS = ("job", "role", "index", "namespace")
 
 
-def kubernetes_cluster(spec: dict, namespace: str) -> ClusterSpec:
-    """The ClusterSpec of a rendered job: one `host()` per task, all on the spec's port."""
+def host(job: str, role: str, index: int, namespace: str, pattern: str = HOST_PATTERN) -> str:
+    """The host name of task `role:index` of `job` under `pattern` (default: Kubernetes DNS)."""
+    try:
+        return pattern.format(job=job, role=role, index=index, namespace=namespace)
+    except (KeyError, IndexError, ValueError) as err:
+        raise ClusterSpecError("--host-pattern", f"{pattern!r} cannot be filled in ({err!r})",
+                               "use only the placeholders " +
+                               ", ".join("{%s}" % p for p in _PLACEHOLDERS)) from None
+
+
+def kubernetes_cluster(spec: dict, namespace: str, host_pattern: str = HOST_PATTERN) -> ClusterSpec:
+    """The training cluster of a deployed job: one `host()` per task, all on the spec's port.
+
+    The evaluator is not part of it: nobody connects to an evaluator, and TF accepts a TF_CONFIG
+    whose task is ``evaluator:0`` with the training cluster (the TFJob operator does the same).
+    """
+    if "{role}" not in host_pattern or "{index}" not in host_pattern:
+        raise ClusterSpecError("--host-pattern", f"{host_pattern!r} lacks {{role}} or {{index}}, so "
+                               "tasks would share a host name",
+                               "include both, e.g. '{job}-{role}-{index}.example.org'")
     roles, port = spec["roles"], spec["port"]
-    return ClusterSpec({role: [f"{host(spec['name'], role, i, namespace)}:{port}"
-                               for i in range(n)] for role, n in roles.items() if n},
+    return ClusterSpec({role: [f"{host(spec['name'], role, i, namespace, host_pattern)}:{port}"
+                               for i in range(n)]
+                        for role, n in roles.items() if n and role != "evaluator"},
                        source=spec["path"])
 
 

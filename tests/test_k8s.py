@@ -101,3 +101,33 @@ def test_bad_specs_name_the_field(tmp_path, content, field, words):
 def test_missing_image_is_a_clear_error():
     result = run_kdist(["k8s", "render", "--spec", "cluster_specs/k8s-mwms.yaml"], timeout=60)
     assert result.returncode == 2 and "Kubernetes needs a container image" in result.stderr
+
+
+def test_evaluator_pod_gets_the_training_cluster_and_its_own_task(tmp_path):
+    path = tmp_path / "eval.yaml"
+    path.write_text("name: ev\nroles: {chief: 1, worker: 2, evaluator: 1}\ncommand: [python, t.py]\n")
+    documents = rendered(str(path))
+    jobs = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Job"}
+    assert set(jobs) == {"ev-chief", "ev-worker", "ev-evaluator"}
+    for document in documents:
+        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+    env = {e["name"]: e["value"]
+           for e in jobs["ev-evaluator"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+    tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": "0"}))
+    assert tf_config["task"] == {"type": "evaluator", "index": 0}
+    assert set(tf_config["cluster"]) == {"chief", "worker"}  # nobody connects to the evaluator
+    tfjob = rendered(str(path), fmt="tfjob")[0]
+    assert tfjob["spec"]["tfReplicaSpecs"]["Evaluator"]["replicas"] == 1
+
+
+def test_tf_config_host_pattern_names_every_task(tmp_path):
+    result = run_kdist(["tf-config", "--spec", "cluster_specs/k8s-ps.yaml", "--task", "worker:1",
+                        "--host-pattern", "{role}{index}.lab.example"], timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["cluster"] == {
+        "chief": ["chief0.lab.example:2222"], "ps": ["ps0.lab.example:2222", "ps1.lab.example:2222"],
+        "worker": ["worker0.lab.example:2222", "worker1.lab.example:2222"]}
+    for pattern, words in [("{role}-{index}-{rank}.lab", "cannot be filled in"), ("node.lab", "lacks {role}")]:
+        result = run_kdist(["tf-config", "--spec", "cluster_specs/k8s-ps.yaml", "--task", "ps:0",
+                            "--host-pattern", pattern], timeout=60)
+        assert result.returncode == 2 and "--host-pattern" in result.stderr and words in result.stderr
