@@ -6,6 +6,7 @@
     kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
     kdist tf-config --spec cluster_specs/k8s-ps.yaml --task ps:0 --host-pattern "{role}{index}.lab"
     kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image REGISTRY/train:1 -- python train.py
+    kdist k8s simulate --spec cluster_specs/k8s-mwms.yaml -- python train.py   (root: pods as hosts)
     kdist exec -- python train.py          (inside a pod rendered with --format jobs)
 """
 
@@ -67,6 +68,16 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- program and arguments (default: the spec's command)")
 
+    simulate = k8s_commands.add_parser(
+        "simulate", help="run the pods of the rendered Indexed Jobs here, each in its own network "
+                         "namespace resolving the Service DNS names (root, iproute2)")
+    simulate.add_argument("--spec", required=True)
+    simulate.add_argument("--namespace", default="default")
+    simulate.add_argument("--timeout", type=float, default=None,
+                          help="stop every pod after this many seconds (exit code 124)")
+    simulate.add_argument("command", nargs=argparse.REMAINDER,
+                          help="-- program and arguments (default: the spec's command)")
+
     exec_ = commands.add_parser("exec", help="in a pod: set TF_CONFIG from JOB_COMPLETION_INDEX, "
                                              "then run the command")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
@@ -122,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                                                  args.host_pattern or k8s.HOST_PATTERN)
                 print(cluster.tf_config_json(*_task(args.task)))
                 return 0
+            if args.k8s_command == "simulate":
+                from kdist.k8s_simulate import simulate
+
+                return simulate(spec, _after_dashes(args.command), args.namespace, args.timeout)
             manifests = k8s.to_yaml(k8s.render(spec, _after_dashes(args.command), args.namespace,
                                                args.image, args.format))
             if args.output:

@@ -102,12 +102,7 @@ class Launcher:
         if not command:
             raise ValueError("command is empty: give the program to run after '--', e.g. "
                              "kdist launch -- python train.py")
-        non_local = [a for addresses in spec.jobs.values() for a in addresses
-                     if not a.startswith(LOOPBACK_PREFIXES)]
-        if non_local:
-            raise ValueError(f"address {non_local[0]}: the local launcher runs every task on this "
-                             "machine's loopback (127.0.0.1) only; use a roles-only spec or "
-                             "127.0.0.1 addresses")
+        self._check_addresses(spec)
         if spec.leader is None:
             raise ValueError("the cluster has no chief and no worker to run the job")
         self.spec, self.command = spec, list(command)
@@ -208,11 +203,23 @@ class Launcher:
         return self.spec.has_ps and task.task_type == "worker"
 
     # ------------------------------------------------------------------ processes
+    def _check_addresses(self, spec: ClusterSpec) -> None:
+        non_local = [a for addresses in spec.jobs.values() for a in addresses
+                     if not a.startswith(LOOPBACK_PREFIXES)]
+        if non_local:
+            raise ValueError(f"address {non_local[0]}: the local launcher runs every task on this "
+                             "machine's loopback (127.0.0.1) only; use a roles-only spec or "
+                             "127.0.0.1 addresses")
+
+    def _process_args(self, task_type: str, index: int) -> tuple[list[str], dict[str, str]]:
+        """The argv and environment of one task."""
+        return self.command, dict(self.env, TF_CONFIG=self.spec.tf_config_json(task_type, index),
+                                  PYTHONUNBUFFERED="1")
+
     def _start_all(self) -> None:
         for task_type, index in self.spec.tasks():
-            env = dict(self.env, TF_CONFIG=self.spec.tf_config_json(task_type, index),
-                       PYTHONUNBUFFERED="1")
-            process = subprocess.Popen(self.command, env=env, stdout=subprocess.PIPE,
+            argv, env = self._process_args(task_type, index)
+            process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True, preexec_fn=_die_with_parent,
                                        text=True, errors="replace", bufsize=1)
