@@ -1,6 +1,7 @@
 """The `kdist` command line.
 
     kdist launch --workers 2 -- python train.py --epochs 3
+    kdist launch --workers 2 --max-restarts 3 -- python train.py    (restart the group on failure)
     kdist launch --spec cluster_specs/local-2-workers.json -- python train.py
     kdist validate cluster_specs/local-ps.json
     kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
@@ -40,6 +41,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="stop every task after this many seconds (exit code 124)")
     launch.add_argument("--grace", type=float, default=30.0,
                         help="seconds the other workers get to finish after the leader succeeded")
+    launch.add_argument("--max-restarts", type=int, default=0,
+                        help="restart every task up to this many times when one fails (the "
+                             "script sees KDIST_RESTART_COUNT; resume with BackupAndRestore)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
 
     validate = commands.add_parser("validate", help="check a cluster-spec file")
@@ -152,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         from kdist.launcher import Launcher
 
         launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
-                            grace=args.grace)
+                            grace=args.grace, max_restarts=args.max_restarts)
     except (ClusterSpecError, ValueError) as err:
         print(f"kdist: error: {err}", file=sys.stderr)
         return EXIT_USAGE

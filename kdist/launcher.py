@@ -7,6 +7,7 @@ prefixed with ``[worker-1]``, and its own process group. The launcher is a small
     RUNNING --a task fails----------------> FAILED    (that task's exit code, the rest killed)
     RUNNING --SIGINT/SIGTERM--------------> INTERRUPTED (128 + signal, every child stopped)
     RUNNING --timeout---------------------> TIMED_OUT (124, every child stopped)
+    FAILED  --restarts left---------------> RESTARTING --every task stopped--> RUNNING
 
 The leader is the chief, or worker 0 when there is no chief. After it succeeds, every other task
 gets `grace` seconds to exit by itself (kdist's ps and worker servers do, once the chief is gone);
@@ -14,6 +15,11 @@ what is left is stopped. In a parameter-server cluster a worker that dies is not
 coordinator reschedules its steps), and when a ps dies the chief gets `grace` seconds to fail with
 its own message, whose exit code is the job's. Children also get SIGKILL from the kernel if the
 launcher itself dies.
+
+With `max_restarts` K (like torchrun), a failure stops every task and starts the whole
+synchronous group again, up to K times, on the same addresses; each task sees the restart count in
+``KDIST_RESTART_COUNT`` and resumes from its backup (`kdist.callbacks.BackupAndRestore`). A task
+that saved a checkpoint on SIGTERM exits with `EXIT_PREEMPTED` (75), which restarts the same way.
 
 >>> import io
 >>> from kdist.cluster import ClusterSpec
@@ -50,9 +56,11 @@ class State(enum.Enum):
     FAILED = "failed"
     INTERRUPTED = "interrupted"
     TIMED_OUT = "timed out"
+    RESTARTING = "restarting"
 
 
 EXIT_TIMED_OUT = 124  # as coreutils `timeout`
+RESTART_ENV = "KDIST_RESTART_COUNT"
 
 
 def exit_code_of(returncode: int) -> int:
@@ -94,11 +102,15 @@ class Launcher:
         grace: seconds the other workers get to finish after the leader succeeded.
         stop_timeout: seconds between SIGTERM and SIGKILL when stopping a task.
         output: where prefixed lines go (default: stdout).
+        env: the tasks' base environment (default: this process's).
+        max_restarts: how many times a failed group is restarted before the job fails.
     """
 
     def __init__(self, spec: ClusterSpec, command: Sequence[str], timeout: float | None = None,
                  grace: float = 30.0, stop_timeout: float = 5.0, output: IO[str] | None = None,
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, max_restarts: int = 0):
+        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
+            raise ValueError(f"--max-restarts={max_restarts!r}: use a non-negative integer")
         if not command:
             raise ValueError("command is empty: give the program to run after '--', e.g. "
                              "kdist launch -- python train.py")
@@ -107,6 +119,7 @@ class Launcher:
             raise ValueError("the cluster has no chief and no worker to run the job")
         self.spec, self.command = spec, list(command)
         self.timeout, self.grace, self.stop_timeout = timeout, grace, stop_timeout
+        self.max_restarts, self.restarts = max_restarts, 0
         self.output = output or sys.stdout
         self.env = dict(os.environ if env is None else env)
         self.state = State.RUNNING
@@ -120,13 +133,17 @@ class Launcher:
     # ------------------------------------------------------------------ public
     def run(self) -> int:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
-            self._start_all()
-            return self._supervise()
+            while True:
+                self._start_all()
+                code = self._supervise(deadline)
+                if self.state is not State.FAILED or self.restarts >= self.max_restarts:
+                    return code
+                self._restart()
         finally:
             self._stop_all()
-            for reader in self._readers:
-                reader.join(timeout=5)
+            self._join_readers()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -134,8 +151,18 @@ class Launcher:
         self._write(f"[kdist] {message}\n")
 
     # ------------------------------------------------------------------ states
-    def _supervise(self) -> int:
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+    def _restart(self) -> None:
+        self.state = State.RESTARTING
+        self._stop_all()
+        self._join_readers()
+        self.restarts += 1
+        self.log(f"restarting every task ({self.restarts}/{self.max_restarts}); they see "
+                 f"{RESTART_ENV}={self.restarts}")
+        self.tasks, self._readers, self._reported = [], [], set()
+        self._chief_deadline = None
+        self.state = State.RUNNING
+
+    def _supervise(self, deadline: float | None) -> int:
         leader = self._task(*self.spec.leader)
         finish_by = None
         while True:
@@ -219,6 +246,7 @@ class Launcher:
     def _start_all(self) -> None:
         for task_type, index in self.spec.tasks():
             argv, env = self._process_args(task_type, index)
+            env[RESTART_ENV] = str(self.restarts)
             process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                        start_new_session=True, preexec_fn=_die_with_parent,
@@ -259,6 +287,10 @@ class Launcher:
 
     def _stop_all(self) -> None:
         self._stop(self.tasks)
+
+    def _join_readers(self) -> None:
+        for reader in self._readers:
+            reader.join(timeout=5)
 
     def _task(self, task_type: str, index: int) -> Task:
         return next(t for t in self.tasks if (t.task_type, t.index) == (task_type, index))

@@ -179,3 +179,30 @@ def wait_for_pids(directory, count, timeout=20):
     while len(list(directory.glob("*.pid"))) < count:
         assert time.monotonic() < deadline, "tasks did not start"
         time.sleep(0.05)
+
+
+def test_max_restarts_restarts_the_whole_group_and_tells_the_tasks(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1@0=exit3", "worker:0@0=sleep",
+                    "*=print", extra=["--max-restarts", "2"])
+    assert result.returncode == 0, result.stdout
+    out = result.stdout
+    assert "worker-1 exited with code 3: stopping the other tasks" in out
+    assert "restarting every task (1/2); they see KDIST_RESTART_COUNT=1" in out
+    assert "[worker-0] task worker:0 does sleep on restart 0" in out
+    assert "[worker-0] task worker:0 does print on restart 1" in out
+    assert "(2/2)" not in out
+    assert_all_gone(tmp_path, ["worker:0", "worker:1"])
+
+
+def test_a_group_that_keeps_failing_exits_with_the_code_after_its_restarts(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1=exit3", "*=sleep",
+                    extra=["--max-restarts", "2"])
+    assert result.returncode == 3, result.stdout
+    assert "(1/2)" in result.stdout and "(2/2)" in result.stdout
+    assert result.stdout.count("worker-1 exited with code 3") == 3
+    assert "on restart 2" in result.stdout and "on restart 3" not in result.stdout
+
+
+def test_max_restarts_must_be_a_count():
+    result = run_kdist(["launch", "--max-restarts", "-1", "--", "true"], timeout=30)
+    assert result.returncode == 2 and "--max-restarts=-1" in result.stderr

@@ -1,6 +1,7 @@
 """A stand-in task for launcher tests: `task.py PID_DIR RULE...` with RULE = `TASK=ACTION`.
 
-TASK is e.g. `worker:1` or `*`; ACTION is `exitN` (exit with code N), `exitN@S` (the same after S
+TASK is e.g. `worker:1` or `*`, optionally with `@R` to apply on restart R only (`worker:1@0`,
+from KDIST_RESTART_COUNT); ACTION is `exitN` (exit with code N), `exitN@S` (the same after S
 seconds), `sleep` (serve forever, like a ps), `print` (print TF_CONFIG and exit 0) or `waitN` (sleep N
 seconds, exit 0). Writes its pid to
 PID_DIR/<task>.pid first.
@@ -16,8 +17,9 @@ task = f"{config['task']['type']}:{config['task']['index']}"
 pid_dir, rules = sys.argv[1], dict(rule.split("=", 1) for rule in sys.argv[2:])
 with open(os.path.join(pid_dir, f"{task}.pid"), "w") as f:
     f.write(str(os.getpid()))
-action = rules.get(task, rules.get("*", "print"))
-print(f"task {task} does {action}")
+restart = os.environ.get("KDIST_RESTART_COUNT", "unset")
+action = rules.get(f"{task}@{restart}", rules.get(task, rules.get("*", "print")))
+print(f"task {task} does {action} on restart {restart}")
 if action == "print":
     print(json.dumps(config))
 elif action.startswith("exit"):
