@@ -18,13 +18,17 @@ signatures and behaviour, and under a multi-worker cluster:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
+import signal
+import sys
 import tempfile
 
 import keras
 
 from kdist.cluster import cluster
+from kdist.launcher import EXIT_PREEMPTED
 
 
 @contextlib.contextmanager
@@ -64,20 +68,170 @@ class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
             self.last_written_dir = written
 
 
+class Preempted(SystemExit):
+    """Raised out of `fit` after `BackupAndRestore(save_before_preemption=True)` saved on SIGTERM;
+    the process exits with `EXIT_PREEMPTED` (75), which `kdist launch --max-restarts` and the
+    rendered Kubernetes Jobs treat as "restart me"."""
+
+    def __init__(self, message: str):
+        super().__init__(EXIT_PREEMPTED)
+        self.message = message
+
+
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
-    """`keras.callbacks.BackupAndRestore` with tf-keras's multi-worker semantics: the chief owns
-    `backup_dir`, every worker restores from it, only the chief deletes it at the end."""
+    """`keras.callbacks.BackupAndRestore` with multi-worker semantics, step-level resume and
+    checkpoint-on-preemption.
+
+    - The chief owns `backup_dir`; every worker restores from it (so all resume from one state);
+      only the chief deletes it at the end.
+    - With ``save_freq=N`` (steps), a restarted `fit` resumes at the saved epoch *and step*: the
+      steps already trained in that epoch are skipped (their batches are read and dropped), so at
+      most N steps are redone. Keras 3 itself restarts the whole epoch.
+    - Files are written under temporary names and renamed, so a task killed mid-save leaves the
+      previous backup intact.
+    - ``save_before_preemption=True``: on SIGTERM (a Kubernetes eviction, `kdist launch` stopping
+      the job), every worker agrees at the next step boundary, the backup is saved and `fit` raises
+      `Preempted`, exiting the process with code 75. Under MultiWorkerMirrored the agreement is
+      one scalar all-reduce per step.
+
+    >>> import kdist
+    >>> backup = kdist.callbacks.BackupAndRestore("backup", save_freq=50,
+    ...                                           save_before_preemption=True)
+    """
 
     _PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
               "_prev_training_metadata_path")
 
+    def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
+                 delete_checkpoint=True, save_before_preemption=False):
+        super().__init__(backup_dir, save_freq, double_checkpoint, delete_checkpoint)
+        if isinstance(save_freq, bool) or (isinstance(save_freq, int) and save_freq < 1):
+            raise ValueError(f"save_freq={save_freq!r}: use 'epoch' or a positive number of steps")
+        self.save_before_preemption = save_before_preemption
+        self._epoch = self._step = 0
+        self._last_saved = None
+        self._resume_at = (0, 0)
+        self._sigterm = None
+
+    # ------------------------------------------------------------------ restore
+    def on_train_begin(self, logs=None):
+        super().on_train_begin(logs)  # weights and the epoch (Keras)
+        step = self._saved_step()
+        self._resume_at = (self.model._initial_epoch or 0, step)
+        if step:
+            _skip_steps(self.model, step)
+        if self.save_before_preemption:
+            self._sigterm = _SigtermFlag()
+
+    def _saved_step(self) -> int:
+        if not os.path.exists(self._training_metadata_path):
+            return 0
+        with open(self._training_metadata_path, encoding="utf-8") as f:
+            return int(json.load(f).get("step", 0))
+
+    # ------------------------------------------------------------------ save
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._step = batch + 1
+        if (self._epoch, self._step) <= self._resume_at:  # a skipped step: already in the backup
+            self._last_batch_seen, self._batches_seen_since_last_saving = batch, 0
+            return
+        super().on_train_batch_end(batch, logs)  # saves every save_freq steps
+        if self._sigterm is not None and self._sigterm.agreed(self.model.distribute_strategy):
+            if self._last_saved != (self._epoch, self._step):
+                self._save_model()
+            message = (f"kdist: SIGTERM: saved the backup at epoch {self._epoch} step {self._step} "
+                       f"in {self.backup_dir}; exiting with {EXIT_PREEMPTED} (restartable)")
+            print(message, file=sys.stderr, flush=True)
+            self._close_sigterm()
+            raise Preempted(message)
+
+    def on_epoch_end(self, epoch, logs=None):
+        saved_at_last_step = self._last_saved == (epoch, self._step)
+        self._epoch, self._step = epoch + 1, 0
+        super().on_epoch_end(epoch, logs)  # saves when save_freq="epoch"
+        if saved_at_last_step:  # the backup holds the whole epoch: resume at the next one
+            with private_paths(self, self.backup_dir, self._PATHS):
+                self._write_metadata()
+
     def _save_model(self):
         with private_paths(self, self.backup_dir, self._PATHS):
-            super()._save_model()
+            os.makedirs(self.backup_dir, exist_ok=True)
+            if self.double_checkpoint:
+                for path in (self._weights_path, self._training_metadata_path):
+                    if os.path.exists(path):
+                        shutil.copyfile(path, f"{path}.bkp")
+            incoming = os.path.join(self.backup_dir, "incoming.weights.h5")
+            self.model.save_weights(incoming, overwrite=True)
+            os.replace(incoming, self._weights_path)
+            self._write_metadata()
+        self._last_saved = (self._epoch, self._step)
+
+    def _write_metadata(self):
+        incoming = self._training_metadata_path + ".incoming"
+        with open(incoming, "w", encoding="utf-8") as f:
+            json.dump({"epoch": self._epoch, "step": self._step}, f)
+        os.replace(incoming, self._training_metadata_path)
 
     def on_train_end(self, logs=None):
+        self._close_sigterm()
         if cluster().is_chief:
             super().on_train_end(logs)
+
+    def _close_sigterm(self):
+        if self._sigterm is not None:
+            self._sigterm.close()
+            self._sigterm = None
+
+
+def _skip_steps(model, steps: int) -> None:
+    """Makes the next `steps` training steps of `model.fit` read their batches without training.
+
+    Keras's fit loop calls `model.train_function(iterator)` once per `steps_per_execution` steps;
+    kdist's parameter-server fit reads `model._kdist_initial_step` instead.
+    """
+    model._kdist_initial_step = steps
+    train = getattr(model.train_function, "_kdist_wrapped", model.train_function)
+    if train is None:  # parameter-server training: kdist's own fit loop skips
+        return
+    per_call = model.steps_per_execution
+
+    def skip_then_train(iterator):
+        if model._kdist_initial_step <= 0:
+            model.train_function = train
+            return train(iterator)
+        for _ in range(per_call):
+            next(iterator)
+        model._kdist_initial_step -= per_call
+        return {}
+
+    skip_then_train._kdist_wrapped = train
+    model.train_function = skip_then_train
+
+
+class _SigtermFlag:
+    """Records SIGTERM instead of dying; `agreed()` tells whether any worker received it."""
+
+    def __init__(self):
+        self.received = False
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    def _on_sigterm(self, signum, frame):
+        self.received = True
+
+    def agreed(self, strategy) -> bool:
+        if cluster().num_workers == 1 or cluster().has_ps:
+            return self.received  # one process runs fit
+        import tensorflow as tf
+
+        local = tf.constant(1.0 if self.received else 0.0)
+        total = strategy.reduce("SUM", strategy.run(lambda: local), axis=None)
+        return float(total) > 0
+
+    def close(self):
+        signal.signal(signal.SIGTERM, self._previous)
 
 
 class TensorBoard(keras.callbacks.TensorBoard):

@@ -26,6 +26,7 @@ from typing import Any, Mapping
 # The job names TensorFlow accepts, in the order kdist lists them.
 JOBS = ("chief", "worker", "ps", "evaluator")
 _TOP_LEVEL_KEYS = ("cluster", "task", "rpc_layer", "environment")
+MAX_LOCAL_TASKS = 64  # tasks of one local cluster (each a TF process on this host)
 
 
 class ClusterSpecError(ValueError):
@@ -50,7 +51,8 @@ class ClusterSpec:
     def __init__(self, jobs: Mapping[str, list[str]], task_type: str | None = None,
                  task_index: int | None = None, rpc_layer: str = "grpc",
                  environment: str | None = None, source: str = "TF_CONFIG"):
-        self.jobs = {job: list(jobs[job]) for job in JOBS if job in jobs}
+        self.jobs = {job: list(jobs[job]) if isinstance(jobs[job], (list, tuple)) else jobs[job]
+                     for job in JOBS if job in jobs}  # anything else is rejected just below
         self.task_type = task_type
         self.task_index = task_index
         self.rpc_layer = rpc_layer
@@ -110,17 +112,18 @@ class ClusterSpec:
 
         With no `ports`, free ports are picked on `host` with portpicker.
         """
-        _check_jobs_are_known(roles, prefix=f"{source}.roles")
-        counts = {job: _count(roles[job], f"{source}.roles.{job}") for job in JOBS if job in roles}
+        counts = validate_roles(roles, source)
         total = sum(counts.values())
+        if total > MAX_LOCAL_TASKS:
+            raise ClusterSpecError(f"{source}.roles", f"{total} tasks on one host",
+                                   f"a local cluster has at most {MAX_LOCAL_TASKS} tasks; deploy "
+                                   "larger jobs on Kubernetes or Slurm")
         if ports is None:
             ports = _free_ports(total)
         if len(ports) != total:
             raise ClusterSpecError(f"{source}.ports", f"{len(ports)} ports for {total} tasks",
                                    "give one port per task")
-        it = iter(ports)
-        jobs = {job: [f"{host}:{next(it)}" for _ in range(n)] for job, n in counts.items() if n}
-        return cls(jobs, source=source)
+        return cls(_jobs_on(counts, host, ports), source=source)
 
     def with_task(self, task_type: str, task_index: int) -> "ClusterSpec":
         """This cluster as seen by one of its tasks."""
@@ -233,6 +236,15 @@ def cluster() -> ClusterSpec:
     return ClusterSpec.from_tf_config(tf_config)
 
 
+def validate_roles(roles: Mapping[str, Any], source: str) -> dict[str, int]:
+    """Checks job -> task count as TF would check the cluster; returns the counts in kdist's order."""
+    _check_jobs_are_known(roles, prefix=f"{source}.roles")
+    counts = {job: _count(roles[job], f"{source}.roles.{job}") for job in JOBS if job in roles}
+    ClusterSpec({job: [f"task{i}.{job}:1" for i in range(n)] for job, n in counts.items() if n},
+                source=source)
+    return counts
+
+
 # --------------------------------------------------------------------- validation helpers
 def _check_jobs_are_known(jobs: Mapping[str, Any], prefix: str) -> None:
     for job in jobs:
@@ -316,6 +328,11 @@ def _count(value: Any, field: str) -> int:
         raise ClusterSpecError(field, f"task count must be a non-negative integer, got {value!r}",
                                "write e.g. 2")
     return value
+
+
+def _jobs_on(counts: Mapping[str, int], host: str, ports) -> dict[str, list[str]]:
+    it = iter(ports)
+    return {job: [f"{host}:{next(it)}" for _ in range(n)] for job, n in counts.items() if n}
 
 
 def _free_ports(count: int) -> list[int]:

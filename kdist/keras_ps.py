@@ -86,7 +86,11 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         model.reset_metrics()
         callbacks.on_epoch_begin(epoch)
         step = 0
+        skip = model.__dict__.pop("_kdist_initial_step", 0)  # resumed mid-epoch (BackupAndRestore)
         for function, steps in schedule:
+            if step + steps <= skip:
+                step += steps
+                continue
             callbacks.on_train_batch_begin(step)
             coordinator(strategy).schedule(function, args=(iterator,))
             step += steps

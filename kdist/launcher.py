@@ -60,6 +60,7 @@ class State(enum.Enum):
 
 
 EXIT_TIMED_OUT = 124  # as coreutils `timeout`
+EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a task saved a checkpoint on SIGTERM; restarting it resumes
 RESTART_ENV = "KDIST_RESTART_COUNT"
 
 

@@ -27,7 +27,7 @@ import json
 import os
 from typing import Any
 
-from kdist.cluster import ClusterSpec, ClusterSpecError
+from kdist.cluster import ClusterSpec, ClusterSpecError, _count, validate_roles
 
 _KEYS = ("name", "roles", "cluster", "host", "port", "image", "command", "resources",
          "restart_policy", "backoff_limit")
@@ -91,7 +91,7 @@ def _role_counts(data: dict, path: str) -> dict[str, int]:
                 raise ClusterSpecError(f"{path}.roles.{role}.{unknown[0]}", "unknown key",
                                        "use count and resources")
             value = value.get("count")
-        counts[role] = value
+        counts[role] = _count(value, f"{path}.roles.{role}")
     return counts
 
 
@@ -108,8 +108,7 @@ def read_k8s_spec(path: str) -> dict:
         raise ClusterSpecError(f"{path}.name", f"{name!r} is not a Kubernetes name",
                                "use lower-case letters, digits and '-', starting with a letter "
                                "(at most 42 characters)")
-    counts = _role_counts(data, path)
-    ClusterSpec.local_layout(counts, ports=list(range(1, 1 + sum(counts.values()))), source=path)
+    counts = validate_roles(_role_counts(data, path), path)
     port = data.get("port", 2222)
     if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
         raise ClusterSpecError(f"{path}.port", f"bad port {port!r}", "use 1 to 65535, e.g. 2222")

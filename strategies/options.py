@@ -23,7 +23,10 @@ class StrategyOptions:
         all_reduce: ``"auto"``, ``"ring"`` or ``"nccl"``: the collective implementation.
         bytes_per_pack: pack gradients into chunks of this many bytes before all-reducing (0: TF's
             default of one pack per dtype).
-        collective_timeout: seconds after which a collective fails instead of waiting for a dead peer.
+        collective_timeout: seconds after which one collective fails (None: no per-op limit).
+        dead_peer_timeout: MultiWorkerMirrored: a worker whose peer died, hung or became
+            unreachable fails within this many seconds (default 60) instead of waiting forever;
+            TF's peer health check runs every third of it.
         variable_partitioner: ParameterServer only; a `tf.distribute.experimental.partitioners`
             partitioner that shards large variables over the ps tasks.
     """
@@ -32,6 +35,7 @@ class StrategyOptions:
     all_reduce: str = "auto"
     bytes_per_pack: int = 0
     collective_timeout: float | None = None
+    dead_peer_timeout: float = 60.0
     variable_partitioner: Callable | None = None
 
     def __post_init__(self):
@@ -51,6 +55,10 @@ class StrategyOptions:
                 isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
             raise ValueError(f"collective_timeout={self.collective_timeout!r}: use a positive number "
                              "of seconds, or None to wait forever")
+        if isinstance(self.dead_peer_timeout, bool) or not (
+                isinstance(self.dead_peer_timeout, (int, float)) and self.dead_peer_timeout >= 3):
+            raise ValueError(f"dead_peer_timeout={self.dead_peer_timeout!r}: use a number of seconds "
+                             ">= 3 (TF checks peers with RPCs that need a few seconds)")
 
     @classmethod
     def from_kwargs(cls, options: dict[str, Any]) -> "StrategyOptions":

@@ -13,9 +13,9 @@ from conftest import run_kdist
 FAST_EXIT = {"KDIST_CHIEF_GRACE": "2"}  # servers leave 2 s after the chief is gone
 
 
-def launch_ps_job(out, mode):
-    return run_kdist(["launch", "--spec", "cluster_specs/local-ps.json", "--timeout", "240", "--",
-                      "python", "tests/programs/ps_job.py", str(out), mode], timeout=270,
+def launch_ps_job(out, mode, extra=()):
+    return run_kdist(["launch", "--spec", "cluster_specs/local-ps.json", "--timeout", "240", *extra,
+                      "--", "python", "tests/programs/ps_job.py", str(out), mode], timeout=270,
                      env=FAST_EXIT)
 
 
@@ -106,13 +106,13 @@ def test_every_server_exits_by_itself_after_the_chief(trained):
     assert "grace period over" not in trained["stdout"]
 
 
-def test_a_killed_ps_fails_clearly_and_a_rerun_resumes_from_backup(tmp_path):
-    failed = launch_ps_job(tmp_path, "kill_ps")
-    assert failed.returncode == 3, failed.stdout[-4000:]
-    report = json.load(open(tmp_path / "kill_ps.json"))
+def test_a_killed_ps_fails_clearly_and_the_restarted_job_resumes_from_backup(tmp_path):
+    result = launch_ps_job(tmp_path, "kill_ps", extra=["--max-restarts", "1"])
+    assert result.returncode == 0, result.stdout[-4000:]
+    report = json.load(open(tmp_path / "kill_ps-0.json"))
     assert report["error"].startswith("ps:1 failed during training")
     assert "BackupAndRestore" in report["error"]
-    resumed = launch_ps_job(tmp_path, "resume")
-    assert resumed.returncode == 0, resumed.stdout[-4000:]
-    report = json.load(open(tmp_path / "resume.json"))
+    assert "chief-0 exited with code 3" in result.stdout
+    assert "restarting every task (1/1)" in result.stdout
+    report = json.load(open(tmp_path / "kill_ps-1.json"))
     assert report["epochs_run"] == 2  # epoch 0 came from the backup written before the ps died

@@ -5,8 +5,9 @@ Every task runs this script: on ps and worker tasks `kdist.strategy()` serves an
 chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
   train      fit with partitioned layers and the file-writing callbacks, SIGKILL worker 1 at the
              start of epoch 2, evaluate, predict; fit from a dataset function
-  kill_ps    BackupAndRestore every epoch, SIGKILL ps 1 at the start of epoch 2: fit must fail clearly
-  resume     the same fit again: it resumes from the backup
+  kill_ps    BackupAndRestore every epoch, SIGKILL ps 1 at the start of epoch 2 (on the first run
+             only, KDIST_RESTART_COUNT=0): fit must fail clearly; restarted by the launcher, the
+             same fit resumes from the backup. Writes OUT/kill_ps-<restart>.json.
 """
 
 import json
@@ -128,7 +129,9 @@ if mode == "train":
 else:
     model = make_model()
     backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))
-    callbacks = [backup] + ([KillAtEpoch("ps", 1, epoch=1)] if mode == "kill_ps" else [])
+    restart = os.environ.get("KDIST_RESTART_COUNT", "0")
+    mode = f"{mode}-{restart}"
+    callbacks = [backup] + ([KillAtEpoch("ps", 1, epoch=1)] if mode == "kill_ps-0" else [])
     try:
         history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS, verbose=0,
                             callbacks=callbacks)
