@@ -41,6 +41,11 @@ def _parser() -> argparse.ArgumentParser:
                         help="stop every task after this many seconds (exit code 124)")
     launch.add_argument("--grace", type=float, default=30.0,
                         help="seconds the other workers get to finish after the leader succeeded")
+    launch.add_argument("--private-network", action="store_true",
+                        help="run the job in a new network namespace that has only a loopback "
+                             "interface, so no other host can reach TensorFlow's unauthenticated "
+                             "gRPC ports (which listen on every interface); tasks lose outside "
+                             "network access (Linux; root or unprivileged user namespaces)")
     launch.add_argument("--max-restarts", type=int, default=0,
                         help="restart every task up to this many times when one fails (the "
                              "script sees KDIST_RESTART_COUNT; resume with BackupAndRestore)")
@@ -153,6 +158,10 @@ def main(argv: list[str] | None = None) -> int:
             from kdist import k8s
 
             k8s.exec_with_tf_config(_after_dashes(args.command))  # does not return
+        if args.private_network:
+            from kdist.private_network import enter_private_network
+
+            enter_private_network()
         from kdist.launcher import Launcher
 
         launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,

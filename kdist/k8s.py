@@ -11,7 +11,9 @@ computes the whole cluster at render time and each pod derives its own TF_CONFIG
 is named `tensorflow`; the operator writes TF_CONFIG).
 
 Both come with a NetworkPolicy that admits the gRPC port only from the job's own pods: TensorFlow's
-runtime is unauthenticated. ps and worker pods finish when the chief does (`kdist.serve()`).
+runtime is unauthenticated. ps and worker pods finish when the chief does (`kdist.serve()`). With
+restart_policy Never, each Job's podFailurePolicy replaces evicted pods and pods that exited with
+75 (checkpoint saved on SIGTERM) without spending the backoffLimit, which counts real failures.
 """
 
 from __future__ import annotations
@@ -21,12 +23,19 @@ import os
 import sys
 
 from kdist.cluster import ClusterSpec, ClusterSpecError
+from kdist.launcher import EXIT_PREEMPTED
 
 CLUSTER_ENV = "KDIST_CLUSTER"  # the job's cluster (TF_CONFIG's "cluster"), computed by kdist
 ROLE_ENV = "KDIST_TASK_TYPE"  # this pod's role
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes for Indexed Jobs
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 LABEL = "kdist.dev/job"
+# A pod evicted or preempted (DisruptionTarget), or one that saved its backup on SIGTERM and exited
+# with EXIT_PREEMPTED, is replaced without counting against backoffLimit: it resumes from its backup.
+POD_FAILURE_POLICY = {"rules": [
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "In",
+                                         "values": [EXIT_PREEMPTED]}}]}
 
 
 # The DNS name of a pod of an Indexed Job under the job's headless Service.
@@ -103,12 +112,14 @@ def _jobs(spec, cluster, command, image, namespace):
                "spec": {"subdomain": name, "restartPolicy": spec["restart_policy"],
                         "containers": [_container(spec, role, image,
                                                   ["kdist", "exec", "--", *command], env)]}}
+        job_spec = {"completionMode": "Indexed", "completions": count, "parallelism": count,
+                    "backoffLimit": spec["backoff_limit"], "template": pod}
+        if spec["restart_policy"] == "Never":  # Kubernetes allows the policy only with Never
+            job_spec["podFailurePolicy"] = POD_FAILURE_POLICY
         jobs.append({"apiVersion": "batch/v1", "kind": "Job",
                      "metadata": {"name": f"{name}-{role}", "namespace": namespace,
                                   "labels": {LABEL: name}},
-                     "spec": {"completionMode": "Indexed", "completions": count,
-                              "parallelism": count, "backoffLimit": spec["backoff_limit"],
-                              "template": pod}})
+                     "spec": job_spec})
     return [service, *jobs]
 
 

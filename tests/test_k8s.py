@@ -171,3 +171,12 @@ def test_network_namespaces_resolve_each_other_and_carry_traffic():
             serving.wait()
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == network.addresses["a.test"] == "10.213.0.1"
+
+
+def test_evicted_and_preempted_pods_do_not_spend_the_backoff_limit():
+    for job in (d for d in rendered("cluster_specs/k8s-mwms.yaml") if d["kind"] == "Job"):
+        rules = job["spec"]["podFailurePolicy"]["rules"]
+        assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+        assert {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow",
+                                                    "operator": "In", "values": [75]}} in rules
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"

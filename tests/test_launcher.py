@@ -206,3 +206,13 @@ def test_a_group_that_keeps_failing_exits_with_the_code_after_its_restarts(tmp_p
 def test_max_restarts_must_be_a_count():
     result = run_kdist(["launch", "--max-restarts", "-1", "--", "true"], timeout=30)
     assert result.returncode == 2 and "--max-restarts=-1" in result.stderr
+
+
+def test_private_network_runs_the_job_in_its_own_network_namespace(tmp_path):
+    probe = "import os; print('netns', os.readlink('/proc/self/ns/net'))"
+    result = run_kdist(["launch", "--workers", "2", "--private-network", "--", sys.executable,
+                        "-c", probe], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    namespaces = {line.split("netns ", 1)[1] for line in result.stdout.splitlines()
+                  if "] netns " in line}
+    assert len(namespaces) == 1 and namespaces != {os.readlink("/proc/self/ns/net")}

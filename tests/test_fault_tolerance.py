@@ -1,0 +1,143 @@
+"""Fault tolerance with real processes: restarts and step-level resume, preemption, dead peers,
+checkpoint integrity. Each scenario is bounded by the launcher's --timeout and the test's timeout."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from conftest import PROGRAMS, QUIET_TF, ROOT, run_kdist, run_python
+from kdist.cluster import ClusterSpec
+
+FAULT_JOB = os.path.join(PROGRAMS, "fault_job.py")
+SAVE_FREQ = 5
+EPOCHS = 3
+
+
+def launch_fault_job(out, *extra, launch_args=()):
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "240", *launch_args, "--",
+                        sys.executable, FAULT_JOB, str(out), "--epochs", str(EPOCHS),
+                        "--save-freq", str(SAVE_FREQ), *extra], timeout=270)
+    assert result.returncode == 0, result.stdout[-5000:]
+    return result.stdout
+
+
+def steps(out, task="worker:0"):
+    with open(os.path.join(out, f"steps-{task}.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def result(out, task="worker:0"):
+    with open(os.path.join(out, f"result-{task}.json")) as f:
+        return json.load(f)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    out = tmp_path_factory.mktemp("uninterrupted")
+    launch_fault_job(out)
+    return out
+
+
+def test_a_sigkilled_worker_is_restarted_and_training_resumes_at_the_saved_step(
+        uninterrupted, tmp_path):
+    log = launch_fault_job(tmp_path, "--fault", "worker:1:0:1:14:KILL",
+                           launch_args=["--max-restarts", "1"])
+    assert "worker-1 exited with code 137: stopping the other tasks" in log
+    assert "restarting every task (1/1); they see KDIST_RESTART_COUNT=1" in log
+    per_epoch = result(uninterrupted)["steps_per_epoch"]
+    for task in ("worker:0", "worker:1"):
+        trained = steps(tmp_path, task)
+        assert {(s["epoch"], s["step"]) for s in trained} == \
+            {(e, s) for e in range(EPOCHS) for s in range(1, per_epoch + 1)}  # every planned step
+        first = [(s["epoch"], s["step"]) for s in trained if s["restart"] == 0]
+        second = [(s["epoch"], s["step"]) for s in trained if s["restart"] == 1]
+        redone = set(first) & set(second)
+        assert second[0] > (0, 0) and len(redone) <= SAVE_FREQ, (second[0], redone)
+        assert result(tmp_path, task)["restart"] == 1
+    baseline, resumed = result(uninterrupted), result(tmp_path)
+    assert abs(resumed["accuracy"] - baseline["accuracy"]) <= 0.01
+    # Same steps on the same batches in the same order: the trajectories agree.
+    difference = np.abs(np.load(os.path.join(uninterrupted, "weights-worker:0.npy")) -
+                        np.load(os.path.join(tmp_path, "weights-worker:0.npy"))).max()
+    assert difference < 1e-4
+
+
+def test_sigterm_saves_on_every_worker_exits_75_and_the_restart_redoes_nothing(tmp_path):
+    log = launch_fault_job(tmp_path, "--fault", "worker:1:0:1:7:TERM",
+                           launch_args=["--max-restarts", "1"])
+    saved = [line for line in log.splitlines() if "kdist: SIGTERM: saved the backup" in line]
+    assert len(saved) == 2, log[-3000:]  # both workers agreed on the same step
+    assert saved[0].split("] ", 1)[1] == saved[1].split("] ", 1)[1]
+    assert "exited with code 75" in log and "restarting every task (1/1)" in log
+    step = int(saved[0].split(" step ")[1].split()[0])
+    for task in ("worker:0", "worker:1"):
+        second = [(s["epoch"], s["step"]) for s in steps(tmp_path, task) if s["restart"] == 1]
+        assert second[0] == (1, step + 1)
+
+
+def test_a_hung_peer_makes_the_survivor_fail_within_the_default_bound(tmp_path):
+    """worker:1 freezes (SIGSTOP: its sockets stay open, it never answers); worker:0 must exit
+    with an error naming it within the default dead_peer_timeout of 60 s."""
+    spec = ClusterSpec.local_layout({"worker": 2})
+    tasks = [subprocess.Popen(
+        [sys.executable, FAULT_JOB, str(tmp_path), "--fault", "worker:1:0:1:5:STOP"], cwd=ROOT,
+        env={**os.environ, **QUIET_TF, "TF_CONFIG": spec.tf_config_json("worker", i)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+    try:
+        output = tasks[0].communicate(timeout=180)[0]
+        exited = time.time()
+    finally:
+        for task in tasks:
+            task.kill()
+            task.wait()
+    with open(os.path.join(tmp_path, "fault-worker:1.json")) as f:
+        froze = json.load(f)["time"]
+    detection = exited - froze
+    print(f"dead peer detected after {detection:.1f} s")
+    assert tasks[0].returncode not in (0, None)
+    assert "/job:worker/replica:0/task:1" in output and "unhealthy" in output, output[-3000:]
+    assert detection < 60
+
+
+def test_dead_peer_bound_drives_tfs_health_check():
+    from strategies.multi_worker import health_check_settings
+
+    settings = health_check_settings(60)
+    worst = settings["_check_health_interval"] + \
+        settings["_check_health_retry_limit"] * settings["_check_health_timeout"]
+    assert worst <= 60 * 2 / 3
+
+
+def test_twenty_mwms_runs_write_only_the_chiefs_checkpoints_and_every_file_loads(tmp_path):
+    before = set(glob.glob(os.path.join(tempfile.gettempdir(), "kdist-workertemp-*")))
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "300", "--", sys.executable,
+                        os.path.join(PROGRAMS, "checkpoint_integrity.py"), str(tmp_path), "20"],
+                       timeout=330)
+    assert result.returncode == 0, result.stdout[-4000:]
+    chief = json.load(open(tmp_path / "writes-worker:0.json"))
+    other = json.load(open(tmp_path / "writes-worker:1.json"))
+    assert chief == [str(tmp_path / f"run-{i}") for i in range(20)]
+    assert not any(path.startswith(str(tmp_path)) or os.path.exists(path) for path in other)
+    assert set(glob.glob(os.path.join(tempfile.gettempdir(), "kdist-workertemp-*"))) == before
+    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    expected = sorted([f"run-{i}/{name}" for i in range(20) for name in (
+        "model-1.keras", "model-2.keras", "backup/latest.weights.h5",
+        "backup/training_metadata.json")] + ["writes-worker:0.json", "writes-worker:1.json"])
+    assert files == expected
+    check = run_python(["-c", "import glob, json, sys, keras\n"
+                        "models = sorted(glob.glob(sys.argv[1] + '/run-*/model-*.keras'))\n"
+                        "for path in models:\n"
+                        "    model = keras.saving.load_model(path)\n"
+                        "    model.load_weights(path.rsplit('/', 1)[0] + '/backup/latest.weights.h5')\n"
+                        "for path in glob.glob(sys.argv[1] + '/run-*/backup/*.json'):\n"
+                        "    json.load(open(path))\n"
+                        "print(len(models))", str(tmp_path)], timeout=120)
+    assert check.returncode == 0, check.stderr[-3000:]
+    assert check.stdout.strip() == "40"
