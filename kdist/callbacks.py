@@ -215,15 +215,17 @@ class _SigtermFlag:
     """Records SIGTERM instead of dying; `agreed()` tells whether any worker received it."""
 
     def __init__(self):
+        spec = cluster()
         self.received = False
+        self._all_reduce = spec.num_workers > 1 and not spec.has_ps  # else one process runs fit
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     def _on_sigterm(self, signum, frame):
         self.received = True
 
     def agreed(self, strategy) -> bool:
-        if cluster().num_workers == 1 or cluster().has_ps:
-            return self.received  # one process runs fit
+        if not self._all_reduce:
+            return self.received
         import tensorflow as tf
 
         local = tf.constant(1.0 if self.received else 0.0)

@@ -9,6 +9,7 @@
     kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image REGISTRY/train:1 -- python train.py
     kdist k8s simulate --spec cluster_specs/k8s-mwms.yaml -- python train.py   (root: pods as hosts)
     kdist exec -- python train.py          (inside a pod rendered with --format jobs)
+    kdist plan --model examples/plan_model.py:mlp --per-replica-batch 32 --replicas 8 --bandwidth 1Gbit
 """
 
 from __future__ import annotations
@@ -87,6 +88,24 @@ def _parser() -> argparse.ArgumentParser:
     simulate.add_argument("command", nargs=argparse.REMAINDER,
                           help="-- program and arguments (default: the spec's command)")
 
+    plan = commands.add_parser(
+        "plan", help="predict step time, throughput and scaling efficiency from t1 (measured "
+                     "here) and t2 (gradient bytes over the network); recommend a batch size")
+    plan.add_argument("--model", required=True,
+                      help="module:function or file.py:function returning a Keras model")
+    plan.add_argument("--per-replica-batch", type=int, required=True)
+    plan.add_argument("--replicas", type=int, required=True)
+    plan.add_argument("--bandwidth", required=True, help="link speed per worker, e.g. 1Gbit")
+    plan.add_argument("--latency", default="0us", help="per-message latency, e.g. 50us")
+    plan.add_argument("--compression", default="none",
+                      help="none, fp16, bf16, powersgd:RANK or topk:RATIO")
+    plan.add_argument("--overlap", action="store_true",
+                      help="assume communication overlaps computation: max(t1, t2) instead of "
+                           "t1 + t2 (what Keras on tf.distribute achieves)")
+    plan.add_argument("--base-batch", type=int, default=None,
+                      help="the batch your learning rate was tuned at (default: --per-replica-batch)")
+    plan.add_argument("--plot", help="write a PNG of t1, t2 and step time against the batch")
+
     exec_ = commands.add_parser("exec", help="in a pod: set TF_CONFIG from JOB_COMPLETION_INDEX, "
                                              "then run the command")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
@@ -123,6 +142,29 @@ def _launch_spec(args) -> ClusterSpec:
     return ClusterSpec.local_layout({job: n for job, n in roles.items() if n}, source="kdist launch")
 
 
+def _plan(args) -> int:
+    from kdist import planner
+
+    bandwidth, latency = planner.parse_bandwidth(args.bandwidth), planner.parse_latency(args.latency)
+    compressor = planner.parse_compression(args.compression)
+    model_fn = planner.load_model_function(args.model)
+    result = planner.plan(model_fn, args.per_replica_batch, args.replicas, bandwidth, latency,
+                          compressor, overlap=args.overlap)
+    print(f"step = {'max(t1, t2)' if args.overlap else 't1 + t2'}; bandwidth {args.bandwidth}, "
+          f"latency {args.latency}, compression {args.compression}")
+    print(result.table())
+    if result.recommended is None:
+        print("no measured batch makes t1 >= t2: communication dominates; use compression, a "
+              "faster network or fewer replicas")
+    else:
+        print(f"recommended: per-replica batch {result.recommended.per_replica_batch} (smallest "
+              f"with t1 >= t2); {result.learning_rate_advice(args.base_batch or args.per_replica_batch)}")
+    if args.plot:
+        planner.plot(result, args.plot)
+        print(f"plot: {args.plot}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -154,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 sys.stdout.write(manifests)
             return 0
+        if args.verb == "plan":
+            return _plan(args)
         if args.verb == "exec":
             from kdist import k8s
 

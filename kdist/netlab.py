@@ -47,16 +47,19 @@ class Network:
     Args:
         hosts: host names (e.g. Kubernetes pod DNS names); each gets a namespace and an address.
         rate: optional link speed of every host (tc units, e.g. ``"1gbit"``).
+        mtu: the links' MTU (1500, Ethernet's; 9000 for jumbo frames as in many data centres).
     """
 
-    def __init__(self, hosts: Sequence[str], rate: str | None = None):
+    def __init__(self, hosts: Sequence[str], rate: str | None = None, mtu: int = 1500):
         if len(set(hosts)) != len(hosts) or not hosts:
             raise ValueError(f"hosts={list(hosts)!r}: give distinct host names")
         if len(hosts) > 250:
             raise ValueError(f"{len(hosts)} hosts: at most 250 per network")
         if rate is not None:
             rate_bits(rate)
-        self.hosts, self.rate = list(hosts), rate
+        if not 68 <= mtu <= 65535:
+            raise ValueError(f"mtu={mtu}: use 68 to 65535")
+        self.hosts, self.rate, self.mtu = list(hosts), rate, mtu
         prefix = f"kd{os.getpid()}"
         self.switch = f"{prefix}sw"
         self.namespaces = {host: f"{prefix}h{i}" for i, host in enumerate(self.hosts)}
@@ -76,6 +79,14 @@ class Network:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def sent_bytes(self, host: str) -> int:
+        """Bytes `host` has sent on its link so far (IP packets, headers included)."""
+        result = subprocess.run(["ip", "-n", self.namespaces[host], "-s", "-j", "link", "show",
+                                 "eth0"], capture_output=True, text=True, check=True)
+        import json
+
+        return int(json.loads(result.stdout)[0]["stats64"]["tx"]["bytes"])
 
     def exec_prefix(self, host: str) -> list[str]:
         """argv prefix that runs a command on `host`."""
@@ -107,9 +118,10 @@ class Network:
             self._namespace(namespace)
             _ip("-n", self.switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0",
                 "netns", namespace)
+            _ip("-n", self.switch, "link", "set", f"p{i}", "mtu", str(self.mtu))
             _ip("-n", self.switch, "link", "set", f"p{i}", "master", "br0", "up")
             _ip("-n", namespace, "addr", "add", f"{self.addresses[host]}/16", "dev", "eth0")
-            _ip("-n", namespace, "link", "set", "eth0", "up")
+            _ip("-n", namespace, "link", "set", "eth0", "mtu", str(self.mtu), "up")
             _ip("-n", namespace, "link", "set", "lo", "up")
             os.makedirs(os.path.join(NETNS_CONFIG, namespace), exist_ok=True)
             with open(os.path.join(NETNS_CONFIG, namespace, "hosts"), "w") as f:

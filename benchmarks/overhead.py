@@ -1,0 +1,150 @@
+"""kdist's overhead against hand-written tf.distribute + Keras: step-time ratio, side by side.
+
+    python benchmarks/overhead.py [--rounds 5] [--steps 30] [--width 512]
+
+The same model (examples/plan_model.py's MLP), data and global batch are trained
+
+  (a) the kdist way: ``with kdist.scope(): build + compile``, then ``fit`` (every kdist workaround
+      installed), and
+  (b) by hand: ``tf.distribute.MirroredStrategy(devices)`` / ``MultiWorkerMirroredStrategy()``
+      scope + ``fit``, with only the Keras 3 workarounds such a user needs for fit to run at all
+      (none under Mirrored; `symbolic_build_without_collective` and `scalar_metric_reduce` under
+      MWMS), the other kdist patches uninstalled,
+
+alternating (a) and (b) for --rounds rounds in the same processes: Mirrored over 2 logical CPU
+devices in one process, and MWMS with 2 workers launched by `kdist launch`. Each measurement is
+the median step time of a warm epoch; the ratio is (a)/(b) of the medians over rounds. Prints a
+table and saves benchmarks/results/overhead.{json,md}.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import results_table
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "examples"))
+NEEDED_UNDER_MWMS = ("symbolic_build_without_collective", "scalar_metric_reduce")
+
+
+def median_step(strategy_scope, args, global_batch):
+    """Builds the model under `strategy_scope`, fits 2 epochs, returns the warm epoch's median."""
+    import keras
+    import numpy as np
+
+    import plan_model
+
+    with strategy_scope():
+        model = plan_model.mlp(args.width)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(global_batch * args.steps, 64)).astype("float32")
+    y = rng.integers(0, 10, size=(global_batch * args.steps,))
+    times = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            times.append(time.perf_counter())
+
+    model.fit(x, y, batch_size=global_batch, epochs=2, verbose=0, shuffle=False,
+              callbacks=[Clock()])
+    return float(np.median(np.diff(times[args.steps:])))
+
+
+def compare(kdist_scope, raw_scope, raw_workarounds, args, global_batch):
+    from kdist import keras_compat
+
+    rows = {"kdist": [], "raw": []}
+    for round_ in range(args.rounds):
+        order = ("kdist", "raw") if round_ % 2 == 0 else ("raw", "kdist")
+        for path in order:
+            keras_compat.uninstall()
+            if path == "kdist":
+                keras_compat.install()
+                rows[path].append(median_step(kdist_scope, args, global_batch))
+            else:
+                for workaround in keras_compat.WORKAROUNDS:
+                    if workaround.name in raw_workarounds:
+                        workaround.install()
+                rows[path].append(median_step(raw_scope, args, global_batch))
+    keras_compat.uninstall()
+    return rows
+
+
+def mirrored(args):
+    import kdist
+
+    devices = kdist.split_cpu(2)
+    import tensorflow as tf
+
+    raw = tf.distribute.MirroredStrategy(devices)
+    return compare(lambda: kdist.scope(devices=devices), raw.scope, (), args,
+                   global_batch=2 * args.batch)
+
+
+def multi_worker(args, out_path):
+    import kdist
+
+    strategy = kdist.strategy()  # MWMS must come first; both paths run on this one strategy object
+    rows = compare(kdist.scope, strategy.scope, NEEDED_UNDER_MWMS, args,
+                   global_batch=kdist.global_batch_size(args.batch))
+    if kdist.cluster().is_chief:
+        with open(out_path, "w") as f:
+            json.dump(rows, f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=30, help="steps per epoch")
+    parser.add_argument("--batch", type=int, default=64, help="per-replica batch")
+    parser.add_argument("--width", type=int, default=512, help="hidden units of the MLP")
+    parser.add_argument("--mode", choices=["all", "mirrored", "mwms"], default="all",
+                        help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.mode == "mirrored":
+        with open(args.out, "w") as f:
+            json.dump(mirrored(args), f)
+        return 0
+    if args.mode == "mwms":
+        return multi_worker(args, args.out)
+
+    common = ["--rounds", str(args.rounds), "--steps", str(args.steps), "--batch", str(args.batch),
+              "--width", str(args.width)]
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    results = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "mirrored.json")
+        subprocess.run([sys.executable, __file__, "--mode", "mirrored", "--out", out, *common],
+                       check=True, env=env)
+        results["Mirrored, 2 logical CPUs"] = json.load(open(out))
+        out = os.path.join(scratch, "mwms.json")
+        subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout",
+                        "1800", "--", sys.executable, __file__, "--mode", "mwms", "--out", out,
+                        *common], check=True, env=env, stdout=subprocess.DEVNULL, cwd=ROOT)
+        results["MWMS, 2 workers"] = json.load(open(out))
+    import numpy as np
+
+    lines = [f"kdist.scope() + fit vs hand-written tf.distribute + fit: median step time of a warm "
+             f"epoch, {args.rounds} alternating rounds, MLP 64-{args.width}-{args.width}-10, "
+             f"per-replica batch {args.batch}, {os.cpu_count()} CPU cores.", "",
+             "| setting | kdist | by hand | ratio (goal <= 1.03) | per-round ratios |",
+             "|---|---|---|---|---|"]
+    for name, rows in results.items():
+        kdist_ms, raw_ms = np.median(rows["kdist"]) * 1e3, np.median(rows["raw"]) * 1e3
+        per_round = ", ".join(f"{a / b:.3f}" for a, b in zip(rows["kdist"], rows["raw"]))
+        rows["ratio"] = kdist_ms / raw_ms
+        lines.append(f"| {name} | {kdist_ms:.2f} ms | {raw_ms:.2f} ms | {kdist_ms / raw_ms:.3f} | "
+                     f"{per_round} |")
+    results_table.save("overhead", "\n".join(lines), results)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

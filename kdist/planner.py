@@ -1,0 +1,231 @@
+"""`kdist plan`: the step-time model max(t1, t2) / t1 + t2 turned into numbers for your model.
+
+With n replicas each computing a per-replica batch b in time t1 (measured here, on this machine)
+and exchanging the gradients in time t2 (computed: a ring all-reduce sends 2(n-1)/n of the
+gradient bytes per worker in 2(n-1) messages; a compressor shrinks the bytes; top-k all-gathers),
+one synchronous step costs
+
+    t1 + t2        when the exchange starts after the backward pass (Keras + tf.distribute: the
+                   optimizer all-reduces the finished gradients; the default, as measured by
+                   benchmarks/planner_validation.py), or
+    max(t1, t2)    with perfect overlap of computation and communication (``overlap=True``).
+
+Throughput is n b / step and scaling efficiency t1 / step. The recommendation is the smallest
+per-replica batch whose t1 covers t2 (so communication costs at most half the step, or nothing
+with overlap), with the linear learning-rate scaling (plus warm-up) that goes with the larger
+global batch.
+
+    kdist plan --model examples/mnist_multiworker.py:build_plan_model --per-replica-batch 64 \\
+        --replicas 8 --bandwidth 1Gbit --latency 50us --compression powersgd:4
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import math
+import os
+import re
+import time
+
+_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+
+
+def parse_bandwidth(text: str) -> float:
+    """``"1Gbit"``, ``"100mbit"``, ``"10gbit/s"`` -> bits per second."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]+?)(/s|ps)?\s*", text or "")
+    unit = match and match.group(2).lower()
+    if not match or unit not in _BITS:
+        raise ValueError(f"--bandwidth={text!r}: write a number and a unit, e.g. 100Mbit, 1Gbit, "
+                         "10Gbit")
+    return float(match.group(1)) * _BITS[unit]
+
+
+def parse_latency(text: str) -> float:
+    """``"50us"``, ``"1ms"`` -> seconds."""
+    match = re.fullmatch(r"\s*([0-9.]+)\s*(s|ms|us|ns)\s*", text or "")
+    if not match:
+        raise ValueError(f"--latency={text!r}: write a number and s, ms, us or ns, e.g. 50us")
+    return float(match.group(1)) * _SECONDS[match.group(2)]
+
+
+def parse_compression(text: str | None):
+    """``none``, ``fp16``, ``bf16``, ``powersgd:RANK``, ``topk:RATIO`` -> a kdist compressor."""
+    from kdist import compression
+
+    if not text or text == "none":
+        return None
+    name, _, argument = text.partition(":")
+    try:
+        if name in ("fp16", "bf16") and not argument:
+            return {"fp16": compression.FP16, "bf16": compression.BF16}[name]()
+        if name == "powersgd":
+            return compression.PowerSGD(rank=int(argument or 4))
+        if name == "topk":
+            return compression.TopK(float(argument or 0.01))
+    except ValueError:
+        pass
+    raise ValueError(f"--compression={text!r}: use none, fp16, bf16, powersgd:RANK or topk:RATIO")
+
+
+def load_model_function(spec: str):
+    """``package.module:function`` or ``path/to/file.py:function`` -> the function."""
+    module_name, sep, function = spec.partition(":")
+    if not sep or not function:
+        raise ValueError(f"--model={spec!r}: write module:function or path/file.py:function")
+    if module_name.endswith(".py"):
+        if not os.path.isfile(module_name):
+            raise ValueError(f"--model: no such file {module_name!r}")
+        loaded = importlib.util.spec_from_file_location("kdist_plan_model", module_name)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    else:
+        module = importlib.import_module(module_name)
+    if not hasattr(module, function):
+        raise ValueError(f"--model: {module_name} has no function {function!r}")
+    return getattr(module, function)
+
+
+# ------------------------------------------------------------------------------- the model
+def gradient_bytes(model) -> int:
+    return sum(4 * math.prod(v.shape) for v in model.trainable_variables)
+
+
+def wire_bytes(model, compressor) -> tuple[int, str]:
+    """Bytes each worker contributes per step, and the collective that carries them."""
+    if compressor is None:
+        return gradient_bytes(model), "all_reduce"
+    total = 0
+    for variable in model.trainable_variables:
+        shape = tuple(variable.shape)
+        total += compressor.payload_bytes(shape) if compressor.should_compress(shape) \
+            else 4 * math.prod(shape)
+    return total, getattr(compressor, "collective", "all_reduce")
+
+
+def communication_time(payload: int, collective: str, replicas: int, bandwidth: float,
+                       latency: float) -> float:
+    """t2 of a ring collective over `replicas` workers on links of `bandwidth` bits/s."""
+    if replicas < 2:
+        return 0.0
+    n = replicas
+    if collective == "all_gather":  # every worker receives the n-1 other payloads
+        volume, messages = (n - 1) * payload, n - 1
+    else:  # ring all-reduce: reduce-scatter then all-gather
+        volume, messages = 2 * (n - 1) / n * payload, 2 * (n - 1)
+    return volume * 8 / bandwidth + messages * latency
+
+
+def measure_compute_time(model_fn, per_replica_batch: int, steps: int = 8, repeats: int = 5) -> float:
+    """t1: seconds of one training step of `model_fn()` on one replica of this machine (the best
+    of `repeats` averages over `steps` steps, so that noise from other processes is left out)."""
+    import keras
+    import numpy as np
+
+    model = model_fn()
+    if not model.compiled:
+        model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    x = [rng.normal(size=(per_replica_batch, *i.shape[1:])).astype("float32") for i in model.inputs]
+    y = [rng.normal(size=(per_replica_batch, *o.shape[1:])).astype("float32")
+         for o in model.outputs]
+    if isinstance(model.loss, str) and "sparse" in model.loss or \
+            isinstance(model.loss, keras.losses.SparseCategoricalCrossentropy):
+        y = [rng.integers(0, o.shape[-1], size=(per_replica_batch,)) for o in model.outputs]
+    x, y = (x[0] if len(x) == 1 else x), (y[0] if len(y) == 1 else y)
+    for _ in range(3):  # trace and warm up
+        model.train_on_batch(x, y)
+    best = math.inf
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(steps):
+            model.train_on_batch(x, y)
+        best = min(best, (time.perf_counter() - started) / steps)
+    return best
+
+
+# ------------------------------------------------------------------------------- the plan
+@dataclasses.dataclass
+class Estimate:
+    per_replica_batch: int
+    t1: float
+    t2: float
+    step: float
+    throughput: float  # examples per second, all replicas
+    efficiency: float  # t1 / step
+
+
+def estimate(per_replica_batch: int, t1: float, t2: float, replicas: int,
+             overlap: bool = False) -> Estimate:
+    step = max(t1, t2) if overlap else t1 + t2
+    return Estimate(per_replica_batch, t1, t2, step, replicas * per_replica_batch / step, t1 / step)
+
+
+@dataclasses.dataclass
+class Plan:
+    replicas: int
+    gradient_bytes: int
+    wire_bytes: int
+    collective: str
+    estimates: list[Estimate]  # one per measured per-replica batch, ascending
+    requested: Estimate
+    recommended: Estimate | None  # smallest measured batch with t1 >= t2
+
+    def learning_rate_advice(self, base_batch: int) -> str:
+        """The linear scaling rule from a learning rate tuned at batch `base_batch`."""
+        chosen = self.recommended or self.requested
+        global_batch = self.replicas * chosen.per_replica_batch
+        return (f"global batch {global_batch}: learning rate = the one tuned at batch {base_batch} "
+                f"x {global_batch / base_batch:g} (linear rule, kdist.scale_learning_rate), warmed "
+                "up over the first epoch (kdist.LinearWarmup)")
+
+    def table(self) -> str:
+        lines = [f"replicas {self.replicas}, gradients {self.gradient_bytes / 1e6:.2f} MB, on the "
+                 f"wire {self.wire_bytes / 1e6:.3f} MB per worker ({self.collective})", "",
+                 "| per-replica batch | t1 (compute) | t2 (communicate) | step | examples/s "
+                 "| efficiency |", "|---|---|---|---|---|---|"]
+        for e in self.estimates:
+            mark = (" (requested)" if e is self.requested else "") + \
+                   (" (recommended)" if e is self.recommended else "")
+            lines.append(f"| {e.per_replica_batch}{mark} | {e.t1 * 1e3:.2f} ms | {e.t2 * 1e3:.2f} ms "
+                         f"| {e.step * 1e3:.2f} ms | {e.throughput:,.0f} | {e.efficiency:.0%} |")
+        return "\n".join(lines)
+
+
+def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, latency: float = 0.0,
+         compressor=None, overlap: bool = False, measure=measure_compute_time) -> Plan:
+    """Measures t1 for per-replica batches from per_replica_batch/8 to 8x and estimates each."""
+    if per_replica_batch < 1 or replicas < 1:
+        raise ValueError("--per-replica-batch and --replicas must be >= 1")
+    model = model_fn()
+    payload, collective = wire_bytes(model, compressor)
+    t2 = communication_time(payload, collective, replicas, bandwidth, latency)
+    batches = sorted({max(1, per_replica_batch * 2 ** k // 8) for k in range(7)})
+    estimates = [estimate(b, measure(model_fn, b), t2, replicas, overlap) for b in batches]
+    requested = next(e for e in estimates if e.per_replica_batch == per_replica_batch)
+    recommended = next((e for e in estimates if e.t1 >= e.t2), None)
+    return Plan(replicas, gradient_bytes(model), payload, collective, estimates, requested,
+                recommended)
+
+
+def plot(result: Plan, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    batches = [e.per_replica_batch for e in result.estimates]
+    figure, axis = plt.subplots(figsize=(6, 4))
+    axis.plot(batches, [e.t1 * 1e3 for e in result.estimates], "o-", label="t1 compute (measured)")
+    axis.plot(batches, [e.t2 * 1e3 for e in result.estimates], "--", label="t2 communicate")
+    axis.plot(batches, [e.step * 1e3 for e in result.estimates], "s-", label="step (predicted)")
+    axis.set_xscale("log", base=2)
+    axis.set_yscale("log")
+    axis.set_xlabel("per-replica batch")
+    axis.set_ylabel("ms")
+    axis.set_title(f"{result.replicas} replicas")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)

@@ -1,0 +1,77 @@
+"""`kdist plan`: the step-time model's arithmetic, the recommendation, and the command end to end."""
+
+import os
+
+import pytest
+
+from conftest import ROOT, run_kdist
+from kdist import planner
+
+mlp = planner.load_model_function(os.path.join(ROOT, "examples", "plan_model.py") + ":mlp")
+
+
+def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_bytes_plus_latency_per_message():
+    megabyte = 10 ** 6
+    t2 = planner.communication_time(megabyte, "all_reduce", 4, bandwidth=8e9, latency=50e-6)
+    assert t2 == pytest.approx(2 * 3 / 4 * megabyte * 8 / 8e9 + 6 * 50e-6)
+    assert planner.communication_time(megabyte, "all_gather", 4, 8e9, 0) == \
+        pytest.approx(3 * megabyte * 8 / 8e9)
+    assert planner.communication_time(megabyte, "all_reduce", 1, 8e9, 1.0) == 0.0
+
+
+def test_step_is_t1_plus_t2_or_their_max_with_overlap():
+    sequential = planner.estimate(32, t1=0.010, t2=0.004, replicas=8)
+    overlapped = planner.estimate(32, t1=0.010, t2=0.004, replicas=8, overlap=True)
+    assert sequential.step == pytest.approx(0.014) and overlapped.step == pytest.approx(0.010)
+    assert sequential.throughput == pytest.approx(8 * 32 / 0.014)
+    assert sequential.efficiency == pytest.approx(0.010 / 0.014)
+
+
+def test_recommends_the_smallest_batch_whose_compute_covers_the_communication():
+    def linear_compute(model_fn, batch):  # t1 = 1 ms + 0.1 ms per example
+        return 1e-3 + 1e-4 * batch
+
+    result = planner.plan(mlp, 32, replicas=4, bandwidth=10e9, measure=linear_compute)
+    t2 = result.requested.t2
+    assert [e.per_replica_batch for e in result.estimates] == [4, 8, 16, 32, 64, 128, 256]
+    assert result.recommended.per_replica_batch == 64 and result.recommended.t1 >= t2
+    smaller = [e for e in result.estimates if e.per_replica_batch < result.recommended.per_replica_batch]
+    assert all(e.t1 < t2 for e in smaller)
+    assert result.wire_bytes == result.gradient_bytes == 4 * sum(
+        v.numpy().size for v in mlp().trainable_variables)
+
+
+def test_compressors_shrink_the_bytes_on_the_wire():
+    model = mlp()
+    full, _ = planner.wire_bytes(model, None)
+    half, _ = planner.wire_bytes(model, planner.parse_compression("fp16"))
+    low_rank, collective = planner.wire_bytes(model, planner.parse_compression("powersgd:4"))
+    sparse, gathered = planner.wire_bytes(model, planner.parse_compression("topk:0.01"))
+    assert half == full // 2 and low_rank < full / 50 and collective == "all_reduce"
+    assert sparse < full / 20 and gathered == "all_gather"
+
+
+@pytest.mark.parametrize("function,text,words", [
+    (planner.parse_bandwidth, "fast", "--bandwidth"), (planner.parse_latency, "50", "--latency"),
+    (planner.parse_compression, "zip", "--compression"),
+    (planner.load_model_function, "examples/plan_model.py", "--model"),
+])
+def test_bad_arguments_name_the_flag(function, text, words):
+    with pytest.raises(ValueError, match=words):
+        function(text)
+
+
+def test_units_parse():
+    assert planner.parse_bandwidth("1Gbit") == 1e9 and planner.parse_bandwidth("100mbit/s") == 1e8
+    assert planner.parse_latency("50us") == pytest.approx(50e-6)
+
+
+def test_kdist_plan_measures_t1_and_prints_the_table_and_a_plot(tmp_path):
+    result = run_kdist(["plan", "--model", "examples/plan_model.py:mlp", "--per-replica-batch",
+                        "16", "--replicas", "4", "--bandwidth", "10Gbit", "--latency", "50us",
+                        "--compression", "powersgd:4", "--plot", str(tmp_path / "plan.png")],
+                       timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "| 16 (requested)" in result.stdout and "examples/s" in result.stdout
+    assert "recommended" in result.stdout or "communication dominates" in result.stdout
+    assert (tmp_path / "plan.png").stat().st_size > 1000
