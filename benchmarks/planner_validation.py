@@ -7,7 +7,8 @@
 `tc tbf`; both train examples/plan_model.py's MLP (4.5 MB of gradients) with kdist.scope() + fit,
 and the chief records the median step time. The planner's prediction uses t1 measured here the
 same way the workers compute (one CPU thread each: this machine has 2 cores for 2 workers) and t2
-from the gradient bytes over the link. Prints predicted (t1 + t2 and max(t1, t2)) against measured
+from the gradient bytes over the link plus the host's per-byte cost of an all-reduce, measured on
+the unshaped loopback (`kdist.planner.measure_host_cost`). Prints predicted (t1 + t2 and max(t1, t2)) against measured
 and saves benchmarks/results/planner_validation.{json,md,png}.
 """
 
@@ -41,8 +42,8 @@ def job(out_path, batch, steps):
 
     import kdist
 
+    one_thread()  # configuration, not an op: allowed before MWMS
     kdist.strategy()
-    one_thread()
     import numpy as np
     import keras
 
@@ -128,10 +129,12 @@ def main():
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
     t1 = json.loads(measured_t1.stdout.strip().splitlines()[-1])["t1"]
     payload, collective = planner.wire_bytes(plan_model.mlp(), None)
+    host_cost = planner.measure_host_cost(payload)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for rate in args.rates.split(","):
-            t2 = planner.communication_time(payload, collective, 2, netlab.rate_bits(rate), 0.0)
+            t2 = planner.communication_time(payload, collective, 2, netlab.rate_bits(rate), 0.0,
+                                            host_cost)
             measured = shaped_run(rate, os.path.join(scratch, f"{rate}.json"), args)["median_step"]
             sequential = planner.estimate(args.batch, t1, t2, 2, overlap=False).step
             overlapped = planner.estimate(args.batch, t1, t2, 2, overlap=True).step
@@ -142,7 +145,8 @@ def main():
             print(f"{rate}: measured {measured * 1e3:.1f} ms", flush=True)
     lines = [f"Predicted vs measured step time: 2 MWMS workers in network namespaces, links shaped "
              f"by tc tbf, MLP 64-1024-1024-10 ({payload / 1e6:.2f} MB of gradients), per-replica "
-             f"batch {args.batch}, one CPU thread per worker, {os.cpu_count()} cores.", "",
+             f"batch {args.batch}, one CPU thread per worker, {os.cpu_count()} cores; host cost "
+             f"{host_cost * 1e9:.2f} ns/byte (kdist.planner.measure_host_cost).", "",
              "| link | t1 | t2 | predicted t1 + t2 | error | predicted max(t1, t2) | error "
              "| measured |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:

@@ -2,7 +2,9 @@
 
 With n replicas each computing a per-replica batch b in time t1 (measured here, on this machine)
 and exchanging the gradients in time t2 (computed: a ring all-reduce sends 2(n-1)/n of the
-gradient bytes per worker in 2(n-1) messages; a compressor shrinks the bytes; top-k all-gathers),
+gradient bytes per worker in 2(n-1) messages; a compressor shrinks the bytes; top-k all-gathers;
+each byte also costs the host's CPU the time a real all-reduce on this machine's loopback takes
+per byte, measured by `measure_host_cost`),
 one synchronous step costs
 
     t1 + t2        when the exchange starts after the backward pass (Keras + tf.distribute: the
@@ -106,8 +108,12 @@ def wire_bytes(model, compressor) -> tuple[int, str]:
 
 
 def communication_time(payload: int, collective: str, replicas: int, bandwidth: float,
-                       latency: float) -> float:
-    """t2 of a ring collective over `replicas` workers on links of `bandwidth` bits/s."""
+                       latency: float, host_cost: float = 0.0) -> float:
+    """t2 of a ring collective over `replicas` workers on links of `bandwidth` bits/s.
+
+    `host_cost` is what moving one byte costs the worker's CPU (serialization, copies, the
+    reduction: see `measure_host_cost`), paid in addition to the time on the wire.
+    """
     if replicas < 2:
         return 0.0
     n = replicas
@@ -115,7 +121,52 @@ def communication_time(payload: int, collective: str, replicas: int, bandwidth: 
         volume, messages = (n - 1) * payload, n - 1
     else:  # ring all-reduce: reduce-scatter then all-gather
         volume, messages = 2 * (n - 1) / n * payload, 2 * (n - 1)
-    return volume * 8 / bandwidth + messages * latency
+    return volume * (8 / bandwidth + host_cost) + messages * latency
+
+
+def measure_host_cost(payload: int, timeout: float = 300) -> float:
+    """Seconds per byte a real all-reduce costs this machine's CPUs when the wire is free: two
+    MultiWorkerMirrored workers on the loopback (`kdist launch`) all-reduce `payload` bytes."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "host_cost.json")
+        code = f"from kdist.planner import _host_cost_task; _host_cost_task({payload}, {out!r})"
+        subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout",
+                        str(timeout), "--", sys.executable, "-c", code], check=True,
+                       stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        with open(out) as f:
+            seconds = json.load(f)["seconds"]
+    return seconds / payload  # n = 2: each worker moves 2(n-1)/n x payload = payload bytes
+
+
+def _host_cost_task(payload: int, out: str, repeats: int = 20) -> None:
+    import json
+
+    import kdist
+
+    strategy = kdist.strategy("multi_worker")
+    import tensorflow as tf
+
+    values = tf.ones([payload // 4])
+
+    @tf.function
+    def all_reduce():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", values))
+
+    for _ in range(3):
+        all_reduce()
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        float(strategy.experimental_local_results(all_reduce())[0][0])
+        timings.append(time.perf_counter() - started)
+    if kdist.cluster().is_chief:
+        with open(out, "w") as f:
+            json.dump({"seconds": sorted(timings)[len(timings) // 2]}, f)
 
 
 def measure_compute_time(model_fn, per_replica_batch: int, steps: int = 8, repeats: int = 5) -> float:
@@ -195,13 +246,14 @@ class Plan:
 
 
 def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, latency: float = 0.0,
-         compressor=None, overlap: bool = False, measure=measure_compute_time) -> Plan:
+         compressor=None, overlap: bool = False, host_cost: float = 0.0,
+         measure=measure_compute_time) -> Plan:
     """Measures t1 for per-replica batches from per_replica_batch/8 to 8x and estimates each."""
     if per_replica_batch < 1 or replicas < 1:
         raise ValueError("--per-replica-batch and --replicas must be >= 1")
     model = model_fn()
     payload, collective = wire_bytes(model, compressor)
-    t2 = communication_time(payload, collective, replicas, bandwidth, latency)
+    t2 = communication_time(payload, collective, replicas, bandwidth, latency, host_cost)
     batches = sorted({max(1, per_replica_batch * 2 ** k // 8) for k in range(7)})
     estimates = [estimate(b, measure(model_fn, b), t2, replicas, overlap) for b in batches]
     requested = next(e for e in estimates if e.per_replica_batch == per_replica_batch)
