@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 
+import measure
 import results_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,7 +57,7 @@ def job(out_path, target, max_epochs):
             model.compile(keras.optimizers.SGD(0.05, momentum=momentum),
                           keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                           metrics=["accuracy"])
-        started, before = time.perf_counter(), _loopback_bytes()
+        started, before = time.perf_counter(), measure.interface_bytes("lo", "rx")
         steps = epochs = 0
         accuracy = 0.0
         while accuracy < target and epochs < max_epochs:
@@ -67,20 +68,11 @@ def job(out_path, target, max_epochs):
             accuracy = model.evaluate(x_test, digits.y_test, batch_size=batch, verbose=0)[1]
         rows[name] = {"seconds_to_target": time.perf_counter() - started if accuracy >= target
                       else None, "epochs": epochs, "accuracy": accuracy,
-                      "bytes_per_step": (_loopback_bytes() - before) / steps,
+                      "bytes_per_step": (measure.interface_bytes("lo", "rx") - before) / steps,
                       "train_loss": history.history["loss"][-1]}
     if kdist.cluster().is_chief:
         with open(out_path, "w") as f:
             json.dump(rows, f)
-
-
-def _loopback_bytes():
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, counters = line.partition(":")
-            if name.strip() == "lo":
-                return int(counters.split()[0])
-    raise RuntimeError("no loopback interface")
 
 
 def run(command, **kwargs):

@@ -24,8 +24,8 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 
+import measure
 import results_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -36,26 +36,12 @@ NEEDED_UNDER_MWMS = ("symbolic_build_without_collective", "scalar_metric_reduce"
 
 
 def warm_steps(strategy_scope, args, global_batch):
-    """Builds the model under `strategy_scope`, fits 2 epochs, returns the warm epoch's step times."""
-    import keras
-    import numpy as np
-
+    """Builds the model under `strategy_scope`; the warm epoch's step times."""
     import plan_model
 
     with strategy_scope():
         model = plan_model.mlp(args.width)
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(global_batch * args.steps, 64)).astype("float32")
-    y = rng.integers(0, 10, size=(global_batch * args.steps,))
-    times = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, step, logs=None):
-            times.append(time.perf_counter())
-
-    model.fit(x, y, batch_size=global_batch, epochs=2, verbose=0, shuffle=False,
-              callbacks=[Clock()])
-    return [float(t) for t in np.diff(times[args.steps:])]
+    return measure.warm_step_times(model, global_batch, args.steps)
 
 
 def compare(kdist_scope, raw_scope, raw_workarounds, args, global_batch):

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import tempfile
 
+import measure
 import results_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -38,32 +39,17 @@ def one_thread():
 
 def job(out_path, batch, steps):
     """Runs on each worker, in its namespace."""
-    import time
-
     import kdist
 
     one_thread()  # configuration, not an op: allowed before MWMS
     kdist.strategy()
     import numpy as np
-    import keras
 
     import plan_model
 
     with kdist.scope():
         model = plan_model.mlp()
-    rng = np.random.default_rng(0)
-    global_batch = kdist.global_batch_size(batch)
-    x = rng.normal(size=(global_batch * steps, 64)).astype("float32")
-    y = rng.integers(0, 10, size=(global_batch * steps,))
-    times = []
-
-    class Clock(keras.callbacks.Callback):
-        def on_train_batch_end(self, step, logs=None):
-            times.append(time.perf_counter())
-
-    model.fit(x, y, batch_size=global_batch, epochs=2, verbose=0, shuffle=False,
-              callbacks=[Clock()])
-    timed = np.diff(times[steps:])  # the second epoch: traced and warm
+    timed = measure.warm_step_times(model, kdist.global_batch_size(batch), steps)
     if kdist.cluster().is_chief:
         with open(out_path, "w") as f:
             json.dump({"median_step": float(np.median(timed)), "steps": len(timed)}, f)
@@ -82,26 +68,10 @@ def measure_t1(batch):
 def shaped_run(rate, out_path, args):
     from kdist import netlab
 
-    spec = {"worker": [f"{h}:{PORT}" for h in HOSTS]}
     with netlab.Network(HOSTS, rate=rate) as network:
-        tasks = []
-        for index, host in enumerate(HOSTS):
-            tf_config = json.dumps({"cluster": spec, "task": {"type": "worker", "index": index}})
-            tasks.append(subprocess.Popen(
-                network.exec_prefix(host) + [sys.executable, os.path.abspath(__file__),
-                                             "--job-out", out_path, "--batch", str(args.batch),
-                                             "--steps", str(args.steps)],
-                env=dict(os.environ, TF_CONFIG=tf_config, TF_CPP_MIN_LOG_LEVEL="2"),
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
-        try:
-            for task in tasks:
-                _, err = task.communicate(timeout=args.timeout)
-                if task.returncode:
-                    raise RuntimeError(f"worker failed at {rate}: {err[-2000:]}")
-        finally:
-            for task in tasks:
-                task.kill()
-                task.wait()
+        network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out_path,
+                             "--batch", str(args.batch), "--steps", str(args.steps)], PORT,
+                            args.timeout)
     with open(out_path) as f:
         return json.load(f)
 

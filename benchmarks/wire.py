@@ -13,10 +13,10 @@ for each MTU and saves benchmarks/results/wire.{json,md}.
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
+import measure
 import results_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -24,15 +24,6 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 HOSTS = ["worker-0.wire.test", "worker-1.wire.test"]
-
-
-def link_sent_bytes() -> int:
-    with open("/proc/net/dev") as f:
-        for line in f:
-            name, _, counters = line.partition(":")
-            if name.strip() == "eth0":
-                return int(counters.split()[8])
-    raise RuntimeError("no eth0: run inside a kdist.netlab host")
 
 
 def job(out_path, width, steps, batch):
@@ -54,10 +45,10 @@ def job(out_path, width, steps, batch):
 
     class Counter(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            counted[epoch] = -link_sent_bytes()
+            counted[epoch] = -measure.interface_bytes("eth0", "tx")
 
         def on_epoch_end(self, epoch, logs=None):
-            counted[epoch] += link_sent_bytes()
+            counted[epoch] += measure.interface_bytes("eth0", "tx")
 
     model.fit(x, y, batch_size=global_batch, epochs=2, verbose=0, shuffle=False,
               callbacks=[Counter()])
@@ -69,25 +60,10 @@ def job(out_path, width, steps, batch):
 def run(mtu, out_path, args):
     from kdist import netlab
 
-    cluster = {"worker": [f"{h}:2222" for h in HOSTS]}
     with netlab.Network(HOSTS, mtu=mtu) as network:
-        tasks = [subprocess.Popen(
-            network.exec_prefix(host) + [sys.executable, os.path.abspath(__file__), "--job-out",
-                                         out_path, "--width", str(args.width), "--steps",
-                                         str(args.steps), "--batch", str(args.batch)],
-            env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
-                {"cluster": cluster, "task": {"type": "worker", "index": i}})),
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-            for i, host in enumerate(HOSTS)]
-        try:
-            for task in tasks:
-                _, err = task.communicate(timeout=args.timeout)
-                if task.returncode:
-                    raise RuntimeError(f"a worker failed: {err[-2000:]}")
-        finally:
-            for task in tasks:
-                task.kill()
-                task.wait()
+        network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out_path,
+                             "--width", str(args.width), "--steps", str(args.steps), "--batch",
+                             str(args.batch)], 2222, args.timeout)
     workers = []
     for i in range(len(HOSTS)):
         with open(f"{out_path}.{i}") as f:

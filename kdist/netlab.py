@@ -12,6 +12,7 @@ speed. Nothing outside the namespaces it creates is touched, and they are delete
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -80,17 +81,29 @@ class Network:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def sent_bytes(self, host: str) -> int:
-        """Bytes `host` has sent on its link so far (IP packets, headers included)."""
-        result = subprocess.run(["ip", "-n", self.namespaces[host], "-s", "-j", "link", "show",
-                                 "eth0"], capture_output=True, text=True, check=True)
-        import json
-
-        return int(json.loads(result.stdout)[0]["stats64"]["tx"]["bytes"])
-
     def exec_prefix(self, host: str) -> list[str]:
         """argv prefix that runs a command on `host`."""
         return ["ip", "netns", "exec", self.namespaces[host]]
+
+    def run_workers(self, command: list[str], port: int, timeout: float) -> None:
+        """Runs `command` on every host as worker i of one cluster (TF_CONFIG: host i:`port`) and
+        waits; raises RuntimeError with the output's tail if a worker fails."""
+        cluster = {"worker": [f"{host}:{port}" for host in self.hosts]}
+        tasks = [subprocess.Popen(
+            self.exec_prefix(host) + command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+            text=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2", TF_CONFIG=json.dumps(
+                {"cluster": cluster, "task": {"type": "worker", "index": i}})))
+            for i, host in enumerate(self.hosts)]
+        try:
+            for host, task in zip(self.hosts, tasks):
+                _, err = task.communicate(timeout=timeout)
+                if task.returncode:
+                    raise RuntimeError(f"the worker on {host} exited with {task.returncode}: "
+                                       f"{err[-2000:]}")
+        finally:
+            for task in tasks:
+                task.kill()
+                task.wait()
 
     def close(self) -> None:
         """Deletes every namespace this network made (killing what still runs in them)."""
