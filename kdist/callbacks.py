@@ -88,7 +88,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       steps already trained in that epoch are skipped (their batches are read and dropped), so at
       most N steps are redone. Keras 3 itself restarts the whole epoch.
     - Files are written under temporary names and renamed, so a task killed mid-save leaves the
-      previous backup intact.
+      previous backup intact (`backup_dir` is a local or mounted filesystem: the rename is POSIX).
     - ``save_before_preemption=True``: on SIGTERM (a Kubernetes eviction, `kdist launch` stopping
       the job), every worker agrees at the next step boundary, the backup is saved and `fit` raises
       `Preempted`, exiting the process with code 75. Under MultiWorkerMirrored the agreement is
