@@ -14,7 +14,8 @@ The same model (examples/plan_model.py's MLP), data and global batch are trained
 alternating (a) and (b) for --rounds rounds in the same processes: Mirrored over 2 logical CPU
 devices in one process, and MWMS with 2 workers launched by `kdist launch`. Each round times every
 step of a warm epoch; the ratio is (a)/(b) of the medians over all rounds' steps, with a bootstrap
-interval over rounds (this 2-core machine's run-to-run noise is larger than the 3% goal). Prints a
+interval over rounds (this 2-core machine's run-to-run noise is larger than the 3% goal). A last
+row prices the SIGTERM agreement of `BackupAndRestore(save_before_preemption=True)` under MWMS. Prints a
 table and saves benchmarks/results/overhead.{json,md}.
 """
 
@@ -33,15 +34,33 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 NEEDED_UNDER_MWMS = ("symbolic_build_without_collective", "scalar_metric_reduce")
+PREEMPTION = ("MWMS, kdist with BackupAndRestore(save_before_preemption=True) in the kdist column "
+              "vs False in the by-hand column")
 
 
-def warm_steps(strategy_scope, args, global_batch):
+def warm_steps(strategy_scope, args, global_batch, callbacks=lambda: []):
     """Builds the model under `strategy_scope`; the warm epoch's step times."""
     import plan_model
 
     with strategy_scope():
         model = plan_model.mlp(args.width)
-    return measure.warm_step_times(model, global_batch, args.steps)
+    return measure.warm_step_times(model, global_batch, args.steps, callbacks())
+
+
+def preemption_agreement(args, global_batch, folder):
+    """kdist with BackupAndRestore(save_before_preemption=True) (a) vs False (b), alternating:
+    the cost of the per-step SIGTERM agreement (one scalar all-reduce)."""
+    import kdist
+
+    def backup(save_before_preemption):
+        return lambda: [kdist.callbacks.BackupAndRestore(
+            os.path.join(folder, "backup"), save_before_preemption=save_before_preemption)]
+
+    rows = {"kdist": [], "raw": []}
+    for round_ in range(args.rounds):
+        for path in (("kdist", "raw") if round_ % 2 == 0 else ("raw", "kdist")):
+            rows[path].append(warm_steps(kdist.scope, args, global_batch, backup(path == "kdist")))
+    return rows
 
 
 def compare(kdist_scope, raw_scope, raw_workarounds, args, global_batch):
@@ -79,8 +98,13 @@ def multi_worker(args, out_path):
     import kdist
 
     strategy = kdist.strategy()  # MWMS must come first; both paths run on this one strategy object
-    rows = compare(kdist.scope, strategy.scope, NEEDED_UNDER_MWMS, args,
-                   global_batch=kdist.global_batch_size(args.batch))
+    global_batch = kdist.global_batch_size(args.batch)
+    rows = {"plain": compare(kdist.scope, strategy.scope, NEEDED_UNDER_MWMS, args, global_batch)}
+    from kdist import keras_compat
+
+    keras_compat.install()
+    with tempfile.TemporaryDirectory() as folder:
+        rows["preemption"] = preemption_agreement(args, global_batch, folder)
     if kdist.cluster().is_chief:
         with open(out_path, "w") as f:
             json.dump(rows, f)
@@ -116,7 +140,9 @@ def main():
         subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout",
                         "1800", "--", sys.executable, __file__, "--mode", "mwms", "--out", out,
                         *common], check=True, env=env, stdout=subprocess.DEVNULL, cwd=ROOT)
-        results["MWMS, 2 workers"] = json.load(open(out))
+        mwms = json.load(open(out))
+        results["MWMS, 2 workers"] = mwms["plain"]
+        results[PREEMPTION] = mwms["preemption"]
     import numpy as np
 
     lines = [f"kdist.scope() + fit vs hand-written tf.distribute + fit: median over every warm step "

@@ -128,3 +128,12 @@ def test_tf_servers_listen_on_their_tf_config_ports(job):
         assert len(report["listening"]) == 1
         address, port = report["listening"][0].rsplit(":", 1)
         assert address in ("0.0.0.0", "::", "127.0.0.1")
+
+
+def test_kdist_adds_no_op_to_the_traced_train_step(job):
+    """kdist's patches act at trace time (or only under PS): the step TF runs is the one a user
+    writing MWMS + fit by hand, with the two workarounds fit needs, gets."""
+    for report in job["reports"].values():
+        ops = report["train_step_ops"]
+        assert sum(ops["kdist"].values()) > 50
+        assert ops["kdist"] == ops["by_hand"]

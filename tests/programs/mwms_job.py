@@ -137,6 +137,37 @@ report["listening"] = sorted({f"{c.laddr.ip}:{c.laddr.port}"
                               for c in psutil.Process().net_connections(kind="tcp")
                               if c.status == psutil.CONN_LISTEN and c.laddr.port == port})
 
+# 8. The traced train step of kdist.scope() + fit against hand-written MWMS + fit with only the
+#    workarounds fit needs to run: op types and counts (benchmarks/overhead.py times the two).
+def train_step_ops(scope):
+    with scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                                  keras.layers.Dense(2)])
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=["accuracy"])
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, shuffle=False)
+    counts = {}
+    for cell in model.train_function.__closure__ or ():
+        function = cell.cell_contents
+        for concrete in getattr(function, "_list_all_concrete_functions", lambda: [])():
+            for graph in [concrete.graph, *(f.graph for f in concrete.graph._functions.values()
+                                            if hasattr(f, "graph"))]:
+                for op in graph.get_operations():
+                    counts[op.type] = counts.get(op.type, 0) + 1
+    return counts
+
+
+from kdist import keras_compat  # noqa: E402
+
+kdist_ops = train_step_ops(kdist.scope)
+keras_compat.uninstall()
+for workaround in keras_compat.WORKAROUNDS:
+    if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce"):
+        workaround.install()
+report["train_step_ops"] = {"kdist": kdist_ops, "by_hand": train_step_ops(strategy.scope)}
+keras_compat.install()
+
 with open(os.path.join(out_dir, f"{spec.task}.json"), "w") as f:
     json.dump(report, f)
 print("mwms_job done", spec.task)
