@@ -41,9 +41,9 @@ def job(out_path, target, max_epochs):
 
     digits = mnist_data.load("digits")
     x, x_test = digits.x_train.reshape(-1, 64), digits.x_test.reshape(-1, 64)
-    makers = {"none": lambda: None, "fp16": compression.FP16,
-              "powersgd_r4": lambda: compression.PowerSGD(rank=4),
-              "topk_1pct": lambda: compression.TopK(0.01, momentum=0.9, start_step=46)}
+    makers = {"none": lambda: None, "fp16": lambda: compression.from_name("fp16"),
+              "powersgd_r4": lambda: compression.from_name("powersgd:4"),
+              "topk_1pct": lambda: compression.from_name("topk:0.01", momentum=0.9, start_step=46)}
     batch = kdist.global_batch_size(32)
     rows = {}
     for name in NAMES:

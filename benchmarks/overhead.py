@@ -65,21 +65,22 @@ def preemption_agreement(args, global_batch, folder):
 
 def compare(kdist_scope, raw_scope, raw_workarounds, args, global_batch):
     from kdist import keras_compat
+    from kdist.scope import install_patches, uninstall_patches
 
     rows = {"kdist": [], "raw": []}
     for round_ in range(args.rounds):
         order = ("kdist", "raw") if round_ % 2 == 0 else ("raw", "kdist")
         for path in order:
-            keras_compat.uninstall()
+            uninstall_patches()
             if path == "kdist":
-                keras_compat.install()
+                install_patches()
                 rows[path].append(warm_steps(kdist_scope, args, global_batch))
             else:
                 for workaround in keras_compat.WORKAROUNDS:
                     if workaround.name in raw_workarounds:
                         workaround.install()
                 rows[path].append(warm_steps(raw_scope, args, global_batch))
-    keras_compat.uninstall()
+    uninstall_patches()
     return rows
 
 
@@ -100,9 +101,9 @@ def multi_worker(args, out_path):
     strategy = kdist.strategy()  # MWMS must come first; both paths run on this one strategy object
     global_batch = kdist.global_batch_size(args.batch)
     rows = {"plain": compare(kdist.scope, strategy.scope, NEEDED_UNDER_MWMS, args, global_batch)}
-    from kdist import keras_compat
+    from kdist.scope import install_patches
 
-    keras_compat.install()
+    install_patches()
     with tempfile.TemporaryDirectory() as folder:
         rows["preemption"] = preemption_agreement(args, global_batch, folder)
     if kdist.cluster().is_chief:

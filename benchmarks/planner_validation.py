@@ -3,7 +3,7 @@
     sudo python benchmarks/planner_validation.py [--rates 100mbit,1gbit,10gbit] [--batch 64]
 
 (needs root and iproute2; `pip install -e ".[bench]"` for the plot). For each link rate, a
-`kdist.netlab.Network` gives each worker its own network namespace whose link is shaped with
+`kdist.k8s.netlab.Network` gives each worker its own network namespace whose link is shaped with
 `tc tbf`; both train examples/plan_model.py's MLP (4.5 MB of gradients) with kdist.scope() + fit,
 and the chief records the median step time. The planner's prediction uses t1 measured here the
 same way the workers compute (one CPU thread each: this machine has 2 cores for 2 workers) and t2
@@ -66,7 +66,7 @@ def measure_t1(batch):
 
 
 def shaped_run(rate, out_path, args):
-    from kdist import netlab
+    from kdist.k8s import netlab
 
     with netlab.Network(HOSTS, rate=rate) as network:
         network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out_path,
@@ -90,7 +90,8 @@ def main():
     if args.measure_t1:
         return measure_t1(args.batch)
 
-    from kdist import netlab, planner
+    from kdist import planner
+    from kdist.k8s import netlab
 
     import plan_model
 

@@ -2,7 +2,7 @@
 
     python benchmarks/ps_throughput.py [--workers 1,2] [--steps 200] [--epochs 3]
 
-Each configuration is a real local cluster (`kdist.launcher.Launcher`), run one after the other in
+Each configuration is a real local cluster (`kdist.launch.Launcher`), run one after the other in
 this one invocation. The chief trains an MLP 784-256-256-10 (first kernel split over the 2 ps) on
 synthetic MNIST-shaped data, batch 64 per step, and times the epochs after the first (tracing and
 start-up excluded). Staleness of a step = updates other workers applied between the step reading
@@ -84,7 +84,7 @@ def main():
         return job(args.job_out, args.steps, args.epochs)
 
     from kdist.cluster import ClusterSpec
-    from kdist.launcher import Launcher
+    from kdist.launch import Launcher
 
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

@@ -2,7 +2,7 @@
 
     sudo python benchmarks/wire.py [--mtus 9000,1500] [--width 1024] [--steps 30]
 
-(needs root and iproute2). Two MWMS workers run as two hosts of a `kdist.netlab.Network` (each in
+(needs root and iproute2). Two MWMS workers run as two hosts of a `kdist.k8s.netlab.Network` (each in
 its own network namespace, on its own link). Each worker counts the bytes its link sent during a
 warm epoch of kdist.scope() + fit (Ethernet, IP and TCP headers included: everything that crosses
 the wire), divided by the steps. The lower bound for a ring all-reduce of G bytes of float32
@@ -58,7 +58,7 @@ def job(out_path, width, steps, batch):
 
 
 def run(mtu, out_path, args):
-    from kdist import netlab
+    from kdist.k8s import netlab
 
     with netlab.Network(HOSTS, mtu=mtu) as network:
         network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out_path,

@@ -1,4 +1,4 @@
-"""MNIST on 2 workers with gradient compression: `python examples/compression.py --compressor=powersgd`.
+"""MNIST on 2 workers with gradient compression: `python examples/compression.py --compressor=powersgd:4`.
 
 Same cluster, data and model as mnist_multiworker.py (it launches itself without TF_CONFIG); the
 gradients cross the network compressed. Prints the test accuracy and the reduction in bytes.
@@ -15,18 +15,12 @@ import kdist  # noqa: E402
 import mnist_multiworker  # noqa: E402  (defines the shared flags)
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("compressor", "powersgd", ["none", "fp16", "bf16", "powersgd", "topk"],
-                  "how gradients are compressed")
-flags.DEFINE_integer("rank", 4, "PowerSGD rank")
-flags.DEFINE_float("ratio", 0.01, "TopK: fraction of each gradient sent")
+flags.DEFINE_string("compressor", "powersgd:4",
+                    "how gradients are compressed: none, fp16, bf16, powersgd:RANK or topk:RATIO")
 
 
 def make_compressor():
-    return {"none": kdist.compression.NoCompression,
-            "fp16": kdist.compression.FP16,
-            "bf16": kdist.compression.BF16,
-            "powersgd": lambda: kdist.compression.PowerSGD(rank=FLAGS.rank),
-            "topk": lambda: kdist.compression.TopK(FLAGS.ratio)}[FLAGS.compressor]()
+    return kdist.compression.from_name(FLAGS.compressor)
 
 
 def main(argv):

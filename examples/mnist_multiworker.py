@@ -86,7 +86,7 @@ def launch_or_train(script, train_task):
     if kdist.cluster().is_distributed:
         train_task()
         return 0
-    from kdist.launcher import Launcher
+    from kdist.launch import Launcher
 
     source = mnist_data.resolve(FLAGS.data, FLAGS.data_dir)
     command = [sys.executable, os.path.abspath(script), *sys.argv[1:], f"--data={source}"]

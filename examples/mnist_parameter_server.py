@@ -51,8 +51,8 @@ def main(argv):
               FLAGS.data_dir, FLAGS.backup_dir)
         return 0
     import mnist_data
-    from kdist.launcher import Launcher
-    from kdist.spec_file import load_spec
+    from kdist.launch import Launcher
+    from kdist.cluster.spec_file import load_spec
 
     source = mnist_data.resolve(FLAGS.data, FLAGS.data_dir)
     spec = load_spec(FLAGS.spec)

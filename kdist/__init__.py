@@ -8,11 +8,14 @@
 
 import importlib as _importlib
 import logging as _logging
+import os as _os
+import sys as _sys
 
 from kdist.cluster import ClusterSpec, ClusterSpecError, cluster
 from kdist.devices import split_cpu
+from kdist import scope as scope_module
 from kdist.scope import current_strategy, scope, strategy
-from kdist.serve import serve
+from kdist.ps.serve import serve
 
 __version__ = "0.1.0"
 
@@ -27,6 +30,7 @@ if not _logger.handlers:  # visible by default, like absl; configure the "kdist"
 # Names that need Keras (and so TensorFlow) load on first use: `kdist launch` and `kdist validate`
 # then start without importing TensorFlow.
 _LAZY = {
+    "barrier": ("kdist.barriers", "barrier"),
     "callbacks": ("kdist.callbacks", None),
     "compression": ("kdist.compression", None),
     "layers": ("kdist.layers", None),
@@ -50,6 +54,7 @@ __all__ = [
     "ClusterSpec",
     "ClusterSpecError",
     "LinearWarmup",
+    "barrier",
     "callbacks",
     "cluster",
     "compression",
@@ -62,3 +67,32 @@ __all__ = [
     "split_cpu",
     "strategy",
 ]
+
+
+def _prepare_multi_worker() -> None:
+    """The tutorials' order: a script may build datasets and tensors before `kdist.scope()`.
+
+    When this process's TF_CONFIG names several chief/worker tasks and no ps, TensorFlow's first op
+    builds MultiWorkerMirroredStrategy first (`kdist.scope.build_multi_worker_before_first_op`).
+    `KDIST_EAGER_MULTI_WORKER=0` turns this off. The `kdist` command line never does it.
+    """
+    if _os.environ.get("KDIST_EAGER_MULTI_WORKER", "1") == "0" or _running_the_command_line():
+        return
+    if _os.environ.get(scope_module.STRATEGY_ENV, "auto").strip() not in ("", "auto",
+                                                                          "multi_worker"):
+        return
+    try:
+        spec = cluster()
+    except ClusterSpecError:
+        return  # kdist.scope() raises it, naming the field and the fix
+    if spec.num_workers > 1 and not spec.has_ps and spec.task_type in ("chief", "worker"):
+        scope_module.build_multi_worker_before_first_op()
+
+
+def _running_the_command_line() -> bool:
+    argv = getattr(_sys, "orig_argv", _sys.argv)
+    return _os.path.basename(_sys.argv[0]) == "kdist" or any(
+        a == "-m" and b in ("kdist", "kdist.cli") for a, b in zip(argv, argv[1:]))
+
+
+_prepare_multi_worker()

@@ -15,6 +15,8 @@ same factor; a warm-up ramps it in for large global batches (Goyal et al., 2017)
 
 from __future__ import annotations
 
+from kdist import validators
+
 import keras
 
 from kdist.scope import current_strategy
@@ -26,8 +28,7 @@ def _replicas(strategy) -> int:
 
 def global_batch_size(per_replica: int, strategy=None) -> int:
     """Per-replica batch x replicas in sync (of `strategy`, default: the last `kdist.scope()`)."""
-    if isinstance(per_replica, bool) or not isinstance(per_replica, int) or per_replica < 1:
-        raise ValueError(f"per_replica={per_replica!r}: use a positive integer batch size per replica")
+    validators.positive_int(per_replica, "per_replica")
     return per_replica * _replicas(strategy)
 
 
@@ -53,8 +54,7 @@ class LinearWarmup(keras.optimizers.schedules.LearningRateSchedule):
     def __init__(self, target, warmup_steps, initial=0.0, after=None):
         if not target > 0:
             raise ValueError(f"target={target!r}: use a positive learning rate")
-        if isinstance(warmup_steps, bool) or not isinstance(warmup_steps, int) or warmup_steps < 1:
-            raise ValueError(f"warmup_steps={warmup_steps!r}: use a positive integer")
+        validators.positive_int(warmup_steps, "warmup_steps")
         if not 0 <= initial <= target:
             raise ValueError(f"initial={initial!r}: use a value from 0 to target={target}")
         self.target = float(target)

@@ -1,15 +1,16 @@
-"""Multi-worker-safe versions of the Keras callbacks that write files.
+"""Multi-worker-safe callbacks: Keras's own, fixed, and a `BackupAndRestore` that does more.
 
-Keras 3's callbacks write from every worker to the same path. These subclasses keep the Keras
-signatures and behaviour, and under a multi-worker cluster:
+Keras 3's file-writing callbacks write from every worker to the same path. kdist fixes the stock
+classes themselves (`kdist.keras_compat.callbacks`), so the user's `keras.callbacks.ModelCheckpoint`,
+`TensorBoard`, `CSVLogger` and `BackupAndRestore` work unchanged under a multi-worker strategy:
+the chief writes the user's path, the other workers save into a private temporary directory that is
+deleted right after. `kdist.callbacks.ModelCheckpoint` and `TensorBoard` are those same classes.
+`kdist.callbacks.BackupAndRestore` adds step-level resume and checkpoint-on-preemption; once kdist
+is active (`kdist.scope()`), `keras.callbacks.BackupAndRestore(...)` builds it too.
 
-- the chief (or worker 0 when there is no chief) writes the user's path;
-- every other worker performs the same save (so any collective inside it still matches on all
-  workers) into a private temporary directory, which it deletes right after;
-- `BackupAndRestore` restores every worker from the chief's backup, so all resume from one state
-  (the backup directory must be on storage every worker can read, as with tf-keras).
-
->>> import kdist
+>>> import kdist, keras
+>>> kdist.callbacks.ModelCheckpoint is keras.callbacks.ModelCheckpoint
+True
 >>> callbacks = [kdist.callbacks.ModelCheckpoint("ckpt/model.keras"),
 ...              kdist.callbacks.BackupAndRestore("backup"),
 ...              kdist.callbacks.TensorBoard("logs")]
@@ -17,55 +18,23 @@ signatures and behaviour, and under a multi-worker cluster:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
 import signal
 import sys
-import tempfile
 
 import keras
 
-from kdist.cluster import cluster
-from kdist.launcher import EXIT_PREEMPTED
+from kdist import exit_codes, keras_compat
+from kdist.keras_compat import registry
+from kdist.keras_compat.callbacks import BACKUP_PATHS, cluster_of_model, private_paths
 
+keras_compat.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
 
-@contextlib.contextmanager
-def private_paths(owner, root: str, attributes: tuple[str, ...]):
-    """On a non-chief task, points `owner.<attributes>` (paths under `root`) into a fresh temporary
-    directory for the duration of the block, then restores them and deletes the directory.
-    On the chief it changes nothing. Yields the directory written to."""
-    spec = cluster()
-    if spec.is_chief:
-        yield root
-        return
-    temp = tempfile.mkdtemp(prefix=f"kdist-workertemp-{spec.task_type}-{spec.task_index}-")
-    saved = {name: getattr(owner, name) for name in attributes}
-    try:
-        for name, path in saved.items():
-            setattr(owner, name, os.path.join(temp, os.path.relpath(path, root)))
-        yield temp
-    finally:
-        for name, path in saved.items():
-            setattr(owner, name, path)
-        shutil.rmtree(temp, ignore_errors=True)
-
-
-class ModelCheckpoint(keras.callbacks.ModelCheckpoint):
-    """`keras.callbacks.ModelCheckpoint` that only the chief writes to `filepath`.
-
-    `last_written_dir` tells where the last save went (the user's directory on the chief, a deleted
-    temporary directory elsewhere).
-    """
-
-    last_written_dir = None
-
-    def _save_model(self, epoch, batch, logs):
-        root = os.path.dirname(self.filepath) or "."
-        with private_paths(self, root, ("filepath",)) as written:
-            super()._save_model(epoch, batch, logs)
-            self.last_written_dir = written
+EXIT_PREEMPTED = exit_codes.PREEMPTED
+ModelCheckpoint = keras.callbacks.ModelCheckpoint
+TensorBoard = keras.callbacks.TensorBoard
 
 
 class Preempted(SystemExit):
@@ -99,8 +68,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     ...                                           save_before_preemption=True)
     """
 
-    _PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
-              "_prev_training_metadata_path")
+    _PATHS = BACKUP_PATHS
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
                  delete_checkpoint=True, save_before_preemption=False):
@@ -121,7 +89,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if step:
             _skip_steps(self.model, step)
         if self.save_before_preemption:
-            self._sigterm = _SigtermFlag()
+            self._sigterm = _SigtermFlag(cluster_of_model(self.model))
 
     def _saved_step(self) -> int:
         if not os.path.exists(self._training_metadata_path):
@@ -177,7 +145,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_end(self, logs=None):
         self._close_sigterm()
-        if cluster().is_chief:
+        if cluster_of_model(self.model).is_chief:
             super().on_train_end(logs)
 
     def _close_sigterm(self):
@@ -214,8 +182,7 @@ def _skip_steps(model, steps: int) -> None:
 class _SigtermFlag:
     """Records SIGTERM instead of dying; `agreed()` tells whether any worker received it."""
 
-    def __init__(self):
-        spec = cluster()
+    def __init__(self, spec):
         self.received = False
         self._all_reduce = spec.num_workers > 1 and not spec.has_ps  # else one process runs fit
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -236,27 +203,29 @@ class _SigtermFlag:
         signal.signal(signal.SIGTERM, self._previous)
 
 
-class TensorBoard(keras.callbacks.TensorBoard):
-    """`keras.callbacks.TensorBoard` that writes `log_dir` from the chief only; other workers log to
-    a temporary directory removed when training ends."""
+def _as_kdist_backup(original):
+    """`keras.callbacks.BackupAndRestore(...)` becomes a `kdist.callbacks.BackupAndRestore`."""
+    def __init__(self, *args, **kwargs):
+        if type(self) is keras.callbacks.BackupAndRestore:
+            self.__class__ = BackupAndRestore  # a subclass: isinstance checks still hold
+            return BackupAndRestore.__init__(self, *args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    _temp_log_dir = None
+    return __init__
 
-    def set_model(self, model):
-        spec = cluster()
-        if spec.is_chief:
-            return super().set_model(model)
-        user_log_dir = self.log_dir
-        self._temp_log_dir = tempfile.mkdtemp(
-            prefix=f"kdist-workertemp-{spec.task_type}-{spec.task_index}-tb-")
-        self.log_dir = self._temp_log_dir
-        try:
-            super().set_model(model)
-        finally:
-            self.log_dir = user_log_dir
 
-    def on_train_end(self, logs=None):
-        super().on_train_end(logs)
-        if self._temp_log_dir:
-            shutil.rmtree(self._temp_log_dir, ignore_errors=True)
-            self._temp_log_dir = None
+_installed: list = []
+
+
+def install() -> None:
+    """Gives the stock `keras.callbacks.BackupAndRestore` kdist's behaviour (step-level resume,
+    and checkpoint-on-SIGTERM with ``save_before_preemption=True``): constructing it returns this
+    module's subclass, so `isinstance` checks and the user's code are unchanged."""
+    if not _installed:
+        _installed.append(registry.replace(keras.callbacks.BackupAndRestore, "__init__",
+                                           _as_kdist_backup))
+
+
+def uninstall() -> None:
+    registry.undo(_installed)
+    _installed.clear()

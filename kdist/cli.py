@@ -15,39 +15,81 @@
 from __future__ import annotations
 
 import argparse
+import math
+import os
+import re
 import sys
 
-from kdist.cluster import ClusterSpec, ClusterSpecError
+from kdist import exit_codes
+from kdist.cluster.spec import MAX_LOCAL_TASKS, ClusterSpec, ClusterSpecError
 
-EXIT_USAGE = 2
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in kdist's one-line form and exit code 2."""
+
+    def error(self, message):
+        flag, sep, problem = message.removeprefix("argument ").partition(": ")
+        if not message.startswith("argument ") or not sep:
+            flag, problem = self.prog, message
+        sys.stderr.write(f"kdist: error: {flag}: {problem}. Fix: see '{self.prog} --help'\n")
+        sys.exit(exit_codes.USAGE)
+
+
+def _number(kind, minimum: float, inclusive: bool, what: str):
+    """An argparse type: a finite `kind` >= (or >) `minimum`."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; use {what}") from None
+        if not math.isfinite(value) or value < minimum or (value == minimum and not inclusive):
+            raise argparse.ArgumentTypeError(f"{text!r} is out of range; use {what}")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+_count = _number(int, 0, True, "a non-negative integer")
+_positive_count = _number(int, 1, True, "a positive integer")
+_seconds = _number(float, 0, False, "a positive number of seconds")
+_grace_seconds = _number(float, 0, True, "a non-negative number of seconds")
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def _namespace(text: str) -> str:
+    if not _NAMESPACE.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a Kubernetes namespace; use lower-case "
+                                         "letters, digits and '-' (at most 63)")
+    return text
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kdist", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="verb", required=True)
+    parser = _Parser(prog="kdist", description=__doc__.split("\n")[0])
+    commands = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
 
     launch = commands.add_parser(
         "launch", help="run a command as every task of a local cluster on 127.0.0.1",
         description="Runs COMMAND once per task with its own TF_CONFIG. Exit code: 0 when the "
                     "chief (or worker 0) succeeds, else the first failing task's code; 124 on "
                     "--timeout; 128+N on signal N.")
-    launch.add_argument("--workers", type=int, default=None,
+    launch.add_argument("--workers", type=_count, default=None,
                         help="number of worker tasks (default 2 when no --spec)")
     launch.add_argument("--chief", action="store_true", help="add a chief task")
-    launch.add_argument("--ps", type=int, default=0, help="number of parameter-server tasks")
+    launch.add_argument("--ps", type=_count, default=0, help="number of parameter-server tasks")
     launch.add_argument("--evaluator", action="store_true", help="add an evaluator task")
     launch.add_argument("--spec", help="cluster-spec file (cluster_specs/*.json|yaml) instead of "
                                        "--workers/--chief/--ps/--evaluator")
-    launch.add_argument("--timeout", type=float, default=None,
+    launch.add_argument("--timeout", type=_seconds, default=None,
                         help="stop every task after this many seconds (exit code 124)")
-    launch.add_argument("--grace", type=float, default=30.0,
+    launch.add_argument("--grace", type=_grace_seconds, default=30.0,
                         help="seconds the other workers get to finish after the leader succeeded")
     launch.add_argument("--private-network", action="store_true",
                         help="run the job in a new network namespace that has only a loopback "
                              "interface, so no other host can reach TensorFlow's unauthenticated "
                              "gRPC ports (which listen on every interface); tasks lose outside "
                              "network access (Linux; root or unprivileged user namespaces)")
-    launch.add_argument("--max-restarts", type=int, default=0,
+    launch.add_argument("--max-restarts", type=_count, default=0,
                         help="restart every task up to this many times when one fails (the "
                              "script sees KDIST_RESTART_COUNT; resume with BackupAndRestore)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
@@ -60,18 +102,18 @@ def _parser() -> argparse.ArgumentParser:
                           "(or on hosts named by --host-pattern)")
     tf_config.add_argument("--spec", required=True)
     tf_config.add_argument("--task", required=True, help="TYPE:INDEX, e.g. worker:1")
-    tf_config.add_argument("--namespace", default="default")
+    tf_config.add_argument("--namespace", type=_namespace, default="default")
     tf_config.add_argument("--host-pattern", default=None,
                            help="host name of each task, with {job} (the spec's name), {role}, "
                                 "{index} and {namespace}; default: the Kubernetes pod DNS name "
                                 "{job}-{role}-{index}.{job}.{namespace}.svc")
 
     k8s = commands.add_parser("k8s", help="Kubernetes manifests")
-    k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True)
+    k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True, parser_class=_Parser)
     render = k8s_commands.add_parser("render", help="write the manifests of a spec")
     render.add_argument("--spec", required=True)
     render.add_argument("--image", help="container image (default: the spec's image)")
-    render.add_argument("--namespace", default="default")
+    render.add_argument("--namespace", type=_namespace, default="default")
     render.add_argument("--format", default="jobs", choices=["jobs", "tfjob"],
                         help="jobs: Indexed Jobs + headless Service (no operator); tfjob: Kubeflow")
     render.add_argument("--output", help="file to write (default: stdout)")
@@ -82,8 +124,8 @@ def _parser() -> argparse.ArgumentParser:
         "simulate", help="run the pods of the rendered Indexed Jobs here, each in its own network "
                          "namespace resolving the Service DNS names (root, iproute2)")
     simulate.add_argument("--spec", required=True)
-    simulate.add_argument("--namespace", default="default")
-    simulate.add_argument("--timeout", type=float, default=None,
+    simulate.add_argument("--namespace", type=_namespace, default="default")
+    simulate.add_argument("--timeout", type=_seconds, default=None,
                           help="stop every pod after this many seconds (exit code 124)")
     simulate.add_argument("command", nargs=argparse.REMAINDER,
                           help="-- program and arguments (default: the spec's command)")
@@ -93,8 +135,8 @@ def _parser() -> argparse.ArgumentParser:
                      "here) and t2 (gradient bytes over the network); recommend a batch size")
     plan.add_argument("--model", required=True,
                       help="module:function or file.py:function returning a Keras model")
-    plan.add_argument("--per-replica-batch", type=int, required=True)
-    plan.add_argument("--replicas", type=int, required=True)
+    plan.add_argument("--per-replica-batch", type=_positive_count, required=True)
+    plan.add_argument("--replicas", type=_positive_count, required=True)
     plan.add_argument("--bandwidth", required=True, help="link speed per worker, e.g. 1Gbit")
     plan.add_argument("--latency", default="0us", help="per-message latency, e.g. 50us")
     plan.add_argument("--compression", default="none",
@@ -106,7 +148,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="CPU seconds per byte of the all-reduce's software path (copies, "
                            "serialization): 'auto' measures it with 2 workers on this machine's "
                            "loopback (~15 s); a number in ns per byte; 0 for an ideal host")
-    plan.add_argument("--base-batch", type=int, default=None,
+    plan.add_argument("--base-batch", type=_positive_count, default=None,
                       help="the batch your learning rate was tuned at (default: --per-replica-batch)")
     plan.add_argument("--plot", help="write a PNG of t1, t2 and step time against the batch")
 
@@ -127,15 +169,27 @@ def _task(text: str) -> tuple[str, int]:
     return task_type, int(index)
 
 
+def _output_file(path: str | None, flag: str) -> None:
+    """Checks, before any work, that `path` can be written (its directory exists, is writable)."""
+    if path is None:
+        return
+    directory = os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(path):
+        raise ClusterSpecError(flag, f"{path!r} is a directory", "give a file name")
+    if not os.path.isdir(directory):
+        raise ClusterSpecError(flag, f"directory {directory!r} does not exist",
+                               "create it first, or write elsewhere")
+    if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        raise ClusterSpecError(flag, f"{path!r} is not writable", "write to a writable location")
+
+
 def _launch_spec(args) -> ClusterSpec:
-    from kdist.spec_file import load_spec
+    from kdist.cluster.spec_file import KUBERNETES_ONLY, load_spec, read_spec
 
     if args.spec:
         if args.workers is not None or args.chief or args.ps or args.evaluator:
             raise ClusterSpecError("--spec", "given together with --workers/--chief/--ps/--evaluator",
                                    "describe the cluster either with --spec or with the role flags")
-        from kdist.spec_file import KUBERNETES_ONLY, read_spec
-
         kubernetes_keys = [k for k in KUBERNETES_ONLY if k in read_spec(args.spec)]
         if kubernetes_keys:
             print(f"kdist: {', '.join(kubernetes_keys)} in {args.spec} apply to Kubernetes only; "
@@ -143,22 +197,26 @@ def _launch_spec(args) -> ClusterSpec:
         return load_spec(args.spec)
     roles = {"chief": int(args.chief), "worker": 2 if args.workers is None else args.workers,
              "ps": args.ps, "evaluator": int(args.evaluator)}
+    if not roles["chief"] and not roles["worker"]:
+        raise ClusterSpecError("--workers", "0 workers and no --chief: nothing would train",
+                               "use --workers 1 or more, or add --chief")
+    if sum(roles.values()) > MAX_LOCAL_TASKS:
+        raise ClusterSpecError("--workers", f"{sum(roles.values())} tasks on one machine",
+                               f"use at most {MAX_LOCAL_TASKS} tasks in all (--workers, --ps, "
+                               "--chief, --evaluator); deploy larger jobs on Kubernetes or Slurm")
     return ClusterSpec.local_layout({job: n for job, n in roles.items() if n}, source="kdist launch")
 
 
 def _plan(args) -> int:
     from kdist import planner
 
+    _output_file(args.plot, "--plot")
     bandwidth, latency = planner.parse_bandwidth(args.bandwidth), planner.parse_latency(args.latency)
     compressor = planner.parse_compression(args.compression)
+    host_cost = planner.parse_host_cost(args.host_cost)
     model_fn = planner.load_model_function(args.model)
-    if args.host_cost == "auto":
+    if host_cost is None:
         host_cost = planner.measure_host_cost(planner.gradient_bytes(model_fn()))
-    else:
-        try:
-            host_cost = float(args.host_cost) * 1e-9
-        except ValueError:
-            raise ValueError(f"--host-cost={args.host_cost!r}: use auto or ns per byte") from None
     result = planner.plan(model_fn, args.per_replica_batch, args.replicas, bandwidth, latency,
                           compressor, overlap=args.overlap, host_cost=host_cost)
     print(f"step = {'max(t1, t2)' if args.overlap else 't1 + t2'}; bandwidth {args.bandwidth}, "
@@ -177,55 +235,86 @@ def _plan(args) -> int:
     return 0
 
 
+def _validate(args) -> int:
+    from kdist.cluster.spec_file import load_spec
+
+    spec = load_spec(args.spec)
+    print(f"{args.spec}: valid; " + ", ".join(f"{n} {job}" for job, n in spec.roles.items()))
+    return 0
+
+
+def _tf_config(args) -> int:
+    from kdist.cluster.spec_file import read_k8s_spec
+    from kdist.k8s import render
+
+    spec = read_k8s_spec(args.spec)
+    cluster = render.kubernetes_cluster(spec, args.namespace, args.host_pattern or render.HOST_PATTERN)
+    print(cluster.tf_config_json(*_task(args.task)))
+    return 0
+
+
+def _k8s(args) -> int:
+    from kdist.cluster.spec_file import read_k8s_spec
+    from kdist.k8s import render
+    from kdist.launch import check_program
+
+    spec = read_k8s_spec(args.spec)
+    command = _after_dashes(args.command)
+    if args.k8s_command == "simulate":
+        from kdist.k8s.simulate import simulate
+
+        check_program(command or list(spec.command or ()))
+        return simulate(spec, command, args.namespace, args.timeout)
+    _output_file(args.output, "--output")
+    manifests = render.to_yaml(render.render(spec, command, args.namespace, args.image, args.format))
+    if args.output:
+        with open(args.output, "w", encoding="utf-8") as f:
+            f.write(manifests)
+    else:
+        sys.stdout.write(manifests)
+    return 0
+
+
+def _exec(args) -> int:
+    from kdist.k8s import render
+    from kdist.launch import check_program
+
+    command = _after_dashes(args.command)
+    check_program(command)
+    render.exec_with_tf_config(command)  # does not return
+    return 0
+
+
+def _launch(args) -> int:
+    from kdist.launch import Launcher
+
+    if args.private_network:
+        from kdist.launch.private_network import enter_private_network
+
+        enter_private_network()
+    launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
+                        grace=args.grace, max_restarts=args.max_restarts)
+    return launcher.run()
+
+
+_VERBS = {"validate": _validate, "tf-config": _tf_config, "k8s": _k8s, "plan": _plan,
+          "exec": _exec, "launch": _launch}
+
+
 def main(argv: list[str] | None = None) -> int:
+    """Runs one `kdist` command; every user mistake becomes one `kdist: error:` line and exit 2
+    (127/126 for a program that is missing or not executable)."""
+    from kdist.launch import ProgramError
+
     args = _parser().parse_args(argv)
     try:
-        if args.verb == "validate":
-            from kdist.spec_file import load_spec
-
-            spec = load_spec(args.spec)
-            print(f"{args.spec}: valid; " + ", ".join(f"{n} {job}" for job, n in spec.roles.items()))
-            return 0
-        if args.verb in ("tf-config", "k8s"):
-            from kdist import k8s
-            from kdist.spec_file import read_k8s_spec
-
-            spec = read_k8s_spec(args.spec)
-            if args.verb == "tf-config":
-                cluster = k8s.kubernetes_cluster(spec, args.namespace,
-                                                 args.host_pattern or k8s.HOST_PATTERN)
-                print(cluster.tf_config_json(*_task(args.task)))
-                return 0
-            if args.k8s_command == "simulate":
-                from kdist.k8s_simulate import simulate
-
-                return simulate(spec, _after_dashes(args.command), args.namespace, args.timeout)
-            manifests = k8s.to_yaml(k8s.render(spec, _after_dashes(args.command), args.namespace,
-                                               args.image, args.format))
-            if args.output:
-                with open(args.output, "w", encoding="utf-8") as f:
-                    f.write(manifests)
-            else:
-                sys.stdout.write(manifests)
-            return 0
-        if args.verb == "plan":
-            return _plan(args)
-        if args.verb == "exec":
-            from kdist import k8s
-
-            k8s.exec_with_tf_config(_after_dashes(args.command))  # does not return
-        if args.private_network:
-            from kdist.private_network import enter_private_network
-
-            enter_private_network()
-        from kdist.launcher import Launcher
-
-        launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
-                            grace=args.grace, max_restarts=args.max_restarts)
+        return _VERBS[args.verb](args)
+    except ProgramError as err:
+        print(f"kdist: error: {err}", file=sys.stderr)
+        return err.exit_code
     except (ClusterSpecError, ValueError) as err:
         print(f"kdist: error: {err}", file=sys.stderr)
-        return EXIT_USAGE
-    return launcher.run()
+        return exit_codes.USAGE
 
 
 if __name__ == "__main__":

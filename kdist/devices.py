@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kdist import validators
+
 
 def split_cpu(count: int) -> list[str]:
     """Splits the host CPU into `count` logical devices; returns their names.
@@ -17,8 +19,7 @@ def split_cpu(count: int) -> list[str]:
     """
     import tensorflow as tf
 
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"count={count!r}: use a positive number of logical CPU devices")
+    validators.positive_int(count, "count")
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         tf.config.set_logical_device_configuration(

@@ -17,7 +17,7 @@ per-replica batch whose t1 covers t2 (so communication costs at most half the st
 with overlap), with the linear learning-rate scaling (plus warm-up) that goes with the larger
 global batch.
 
-    kdist plan --model examples/mnist_multiworker.py:build_plan_model --per-replica-batch 64 \\
+    kdist plan --model examples/plan_model.py:mlp --per-replica-batch 64 \\
         --replicas 8 --bandwidth 1Gbit --latency 50us --compression powersgd:4
 """
 
@@ -31,6 +31,8 @@ import os
 import re
 import time
 
+from kdist.validators import UsageError
+
 _BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 
@@ -39,9 +41,9 @@ def parse_bandwidth(text: str) -> float:
     """``"1Gbit"``, ``"100mbit"``, ``"10gbit/s"`` -> bits per second."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]+?)(/s|ps)?\s*", text or "")
     unit = match and match.group(2).lower()
-    if not match or unit not in _BITS:
-        raise ValueError(f"--bandwidth={text!r}: write a number and a unit, e.g. 100Mbit, 1Gbit, "
-                         "10Gbit")
+    if not match or unit not in _BITS or float(match.group(1)) <= 0:
+        raise UsageError("--bandwidth", f"{text!r} is not a link speed",
+                         "write a positive number and a unit, e.g. 100Mbit, 1Gbit, 10Gbit")
     return float(match.group(1)) * _BITS[unit]
 
 
@@ -49,44 +51,57 @@ def parse_latency(text: str) -> float:
     """``"50us"``, ``"1ms"`` -> seconds."""
     match = re.fullmatch(r"\s*([0-9.]+)\s*(s|ms|us|ns)\s*", text or "")
     if not match:
-        raise ValueError(f"--latency={text!r}: write a number and s, ms, us or ns, e.g. 50us")
+        raise UsageError("--latency", f"{text!r} is not a duration",
+                         "write a number and s, ms, us or ns, e.g. 50us")
     return float(match.group(1)) * _SECONDS[match.group(2)]
 
 
 def parse_compression(text: str | None):
     """``none``, ``fp16``, ``bf16``, ``powersgd:RANK``, ``topk:RATIO`` -> a kdist compressor."""
-    from kdist import compression
+    from kdist.compression.names import from_name
 
-    if not text or text == "none":
-        return None
-    name, _, argument = text.partition(":")
     try:
-        if name in ("fp16", "bf16") and not argument:
-            return {"fp16": compression.FP16, "bf16": compression.BF16}[name]()
-        if name == "powersgd":
-            return compression.PowerSGD(rank=int(argument or 4))
-        if name == "topk":
-            return compression.TopK(float(argument or 0.01))
+        return from_name(text)
+    except UsageError as err:
+        raise err.renamed("--compression") from None
+
+
+def parse_host_cost(text: str) -> float | None:
+    """``auto`` -> None (measure it); a number of ns per byte (>= 0) -> seconds per byte."""
+    if text == "auto":
+        return None
+    try:
+        value = float(text)
     except ValueError:
-        pass
-    raise ValueError(f"--compression={text!r}: use none, fp16, bf16, powersgd:RANK or topk:RATIO")
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise UsageError("--host-cost", f"{text!r} is not a cost",
+                         "use auto, or a number of ns per byte >= 0")
+    return value * 1e-9
 
 
 def load_model_function(spec: str):
     """``package.module:function`` or ``path/to/file.py:function`` -> the function."""
     module_name, sep, function = spec.partition(":")
-    if not sep or not function:
-        raise ValueError(f"--model={spec!r}: write module:function or path/file.py:function")
-    if module_name.endswith(".py"):
-        if not os.path.isfile(module_name):
-            raise ValueError(f"--model: no such file {module_name!r}")
-        loaded = importlib.util.spec_from_file_location("kdist_plan_model", module_name)
-        module = importlib.util.module_from_spec(loaded)
-        loaded.loader.exec_module(module)
-    else:
-        module = importlib.import_module(module_name)
-    if not hasattr(module, function):
-        raise ValueError(f"--model: {module_name} has no function {function!r}")
+    if not sep or not function or not module_name:
+        raise UsageError("--model", f"{spec!r} names no function",
+                         "write module:function or path/file.py:function")
+    if module_name.endswith(".py") and not os.path.isfile(module_name):
+        raise UsageError("--model", f"no such file {module_name!r}", "check the path")
+    try:
+        if module_name.endswith(".py"):
+            loaded = importlib.util.spec_from_file_location("kdist_plan_model", module_name)
+            module = importlib.util.module_from_spec(loaded)
+            loaded.loader.exec_module(module)
+        else:
+            module = importlib.import_module(module_name)
+    except Exception as err:  # whatever the user's module raises while it is imported
+        message = str(err).splitlines()[0] if str(err) else "no message"
+        raise UsageError("--model", f"cannot import {module_name!r} ({type(err).__name__}: "
+                         f"{message})", "fix the module, or the path / PYTHONPATH") from None
+    if not callable(getattr(module, function, None)):
+        raise UsageError("--model", f"{module_name} has no function {function!r}",
+                         "name a function that returns a Keras model")
     return getattr(module, function)
 
 

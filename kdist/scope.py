@@ -14,17 +14,15 @@ import contextlib
 import logging
 import os
 
-import strategies
-from kdist import keras_compat
-from kdist.keras_ps import is_parameter_server
+from kdist import strategies
 from kdist.cluster import cluster
-from kdist.serve import serve
 
 logger = logging.getLogger("kdist")
 
 STRATEGY_ENV = "KDIST_STRATEGY"
 _built: dict = {}  # (name, options, cluster) -> strategy: entering again reuses the strategy
 _current = None  # the strategy of the last kdist.scope()/kdist.strategy() call
+_current_key = None  # and the (name, options, cluster) it was built for
 
 
 def strategy(strategy: str = "auto", **options):
@@ -33,28 +31,79 @@ def strategy(strategy: str = "auto", **options):
     Args:
         strategy: ``"auto"`` (default), ``"default"``, ``"mirrored"``, ``"multi_worker"`` or
             ``"parameter_server"``. The ``KDIST_STRATEGY`` environment variable overrides ``"auto"``.
-        **options: see `strategies.StrategyOptions` (devices, all_reduce, bytes_per_pack,
+        **options: see `kdist.strategies.StrategyOptions` (devices, all_reduce, bytes_per_pack,
             collective_timeout, variable_partitioner).
     """
     return _build_or_reuse(strategy, options)
 
 
+_eager = False  # True once MultiWorkerMirrored was built ahead of the first op (see below)
+_building = False  # a strategy is being built right now
+
+
+def build_multi_worker_before_first_op() -> None:
+    """The tutorials' order, where datasets and tensors come before `kdist.scope()`.
+
+    MultiWorkerMirroredStrategy must be built before TensorFlow initialises its runtime (TF
+    configures its collectives once). `import kdist` calls this when TF_CONFIG names several
+    workers: TensorFlow's first op (whatever runs it: a dataset, a tensor, a model) first builds the
+    strategy with the default options, after any device configuration the script made
+    (`split_cpu`, memory growth), and a later `kdist.scope()` enters it. A script that calls
+    `kdist.strategy(...)` / `kdist.scope(...)` before any op builds it itself, options included.
+    """
+    from tensorflow.python.eager import context
+
+    runtime = context.context()
+    if runtime._context_handle is not None:
+        return  # already initialised: kdist.scope() will explain the ordering rule
+    initialise = runtime.ensure_initialized
+
+    def build_then_initialise():
+        global _eager
+        del runtime.ensure_initialized  # one shot: TF's own method from now on
+        if _current is None and not _building:
+            _build_or_reuse("auto", {})
+            _eager = True
+        initialise()
+
+    runtime.ensure_initialized = build_then_initialise
+
+
 def _build_or_reuse(requested: str, options: dict):
-    global _current
+    global _current, _current_key, _building
     name = _requested_name(requested)
     opts = strategies.StrategyOptions.from_kwargs(options)
     spec = cluster()
+    if name == "auto" and not options and _current_key is not None and _current_key[2] == spec:
+        return _current  # a bare scope() after kdist.strategy(...): the process's strategy
     if spec.has_ps and spec.task_type in ("ps", "worker"):
+        from kdist.ps import serve
+
         serve(spec)  # a ps/worker task of parameter-server training: serves, then exits the process
     if name == "auto":
-        name = strategies.choose(spec, opts, num_gpus=_num_gpus())
+        name = strategies.choose(spec, opts, num_gpus=_num_gpus(), num_cpus=_num_logical_cpus())
     key = (name, opts, spec)
     if key not in _built:
-        keras_compat.install()
-        _built[key] = strategies.build(name, spec, opts)
+        if _eager and name == "multi_worker":
+            raise RuntimeError(_rebuild_refused(options, spec))
+        install_patches()
+        _building = True
+        try:
+            _built[key] = strategies.build(name, spec, opts)
+        finally:
+            _building = False
         _log_choice(name, _built[key], spec, opts)
-    _current = _built[key]
+    _current, _current_key = _built[key], key
     return _current
+
+
+def _rebuild_refused(options: dict, spec) -> str:
+    given = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    return (f"kdist.scope({given}): kdist built MultiWorkerMirroredStrategy with the default "
+            f"options before TensorFlow's first op (TF_CONFIG names {spec.num_workers} workers), "
+            "so that your script may build datasets before kdist.scope(); TensorFlow cannot "
+            "configure its collectives twice. To pass options, call kdist.strategy(**options) "
+            "before the first TensorFlow op (dataset, tensor or model)")
 
 
 @contextlib.contextmanager
@@ -69,20 +118,39 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, **
     the chief (`kdist.serve()`) and exits when the chief is done.
 
     Auto-selection: a ps job in TF_CONFIG -> ParameterServer; more than one chief/worker ->
-    MultiWorkerMirrored; more than one local GPU or several `devices=` -> Mirrored; else the
-    default strategy. Create models and call `compile()` inside the block.
+    MultiWorkerMirrored; more than one local GPU, several `devices=` or a CPU split with
+    `kdist.split_cpu(n)` -> Mirrored over them; else the
+    default strategy. A bare `scope()` (no strategy, no options) after `kdist.strategy(...)` or
+    `kdist.scope(...)` enters that same strategy. Create models and call `compile()` inside.
     """
-    from kdist.compression import hook as compression_hook  # needs Keras: imported on use
+    from kdist.compression import keras_hook  # needs Keras: imported on use
 
     chosen = _build_or_reuse(strategy, options)
-    if (compression is not None or aggregate_every != 1) and is_parameter_server(chosen):
+    if (compression is not None or aggregate_every != 1) and strategies.is_parameter_server(chosen):
         raise ValueError(
             "compression/aggregate_every apply to all-reduce strategies. Under ParameterServer "
             "no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
             "from the ps and writes the updated float32 values back, so casting or compressing "
             "gradients would not shrink that traffic")
-    with chosen.scope(), compression_hook.activated(compression, aggregate_every):
+    with chosen.scope(), keras_hook.activated(compression, aggregate_every):
         yield chosen
+
+
+def install_patches() -> None:
+    """Installs kdist's Keras patches (idempotent): the upstream fixes (`kdist.keras_compat`) and
+    the fit/evaluate/predict dispatch with the compression hooks (`kdist.fit_dispatch`)."""
+    from kdist import fit_dispatch, keras_compat
+
+    keras_compat.install()
+    fit_dispatch.install()
+
+
+def uninstall_patches() -> None:
+    """Restores Keras exactly as it was before `install_patches()`."""
+    from kdist import fit_dispatch, keras_compat
+
+    fit_dispatch.uninstall()
+    keras_compat.uninstall()
 
 
 def current_strategy():
@@ -108,6 +176,16 @@ def _num_gpus() -> int:
     import tensorflow as tf
 
     return len(tf.config.list_physical_devices("GPU"))
+
+
+def _num_logical_cpus() -> int:
+    """Logical CPU devices: more than one only where the script split the CPU (`split_cpu`).
+    Read from the configuration, so that TensorFlow is not initialised (MultiWorkerMirrored must
+    still be buildable after this)."""
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    return len(tf.config.get_logical_device_configuration(cpu) or [cpu])
 
 
 def _log_choice(name, built, spec, opts) -> None:

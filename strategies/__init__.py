@@ -1,12 +1,16 @@
 """Strategy builders: one module per `tf.distribute` strategy, all fed by one `kdist.ClusterSpec`.
 
->>> import kdist, strategies
+>>> import kdist
+>>> from kdist import strategies
 >>> strategies.choose(kdist.cluster(), strategies.StrategyOptions(), num_gpus=0)
 'default'
 """
 
-from strategies import default, mirrored, multi_worker, parameter_server
-from strategies.options import StrategyOptions
+from kdist.strategies import default, mirrored, multi_worker, parameter_server, registry
+from kdist.strategies.multi_worker import is_multi_worker
+from kdist.strategies.options import StrategyOptions
+from kdist.strategies.parameter_server import is_parameter_server
+from kdist.strategies.registry import cluster_of
 
 _MODULES = {
     "default": default,
@@ -17,21 +21,26 @@ _MODULES = {
 NAMES = tuple(_MODULES)
 
 
-def choose(cluster, options: StrategyOptions, num_gpus: int) -> str:
+def choose(cluster, options: StrategyOptions, num_gpus: int, num_cpus: int = 1) -> str:
     """The strategy `auto` picks: ps -> parameter_server; >1 worker -> multi_worker;
-    >1 local GPU or explicit devices -> mirrored; else default."""
+    >1 local GPU, explicit devices or a CPU split into logical devices (`kdist.split_cpu`) ->
+    mirrored; else default."""
     if cluster.has_ps:
         return "parameter_server"
     if cluster.num_workers > 1:
         return "multi_worker"
-    if num_gpus > 1 or (options.devices is not None and len(options.devices) > 1):
+    if num_gpus > 1 or (options.devices is not None and len(options.devices) > 1) or \
+            (num_gpus == 0 and num_cpus > 1):
         return "mirrored"
     return "default"
 
 
 def build(name: str, cluster, options: StrategyOptions):
-    """Builds strategy `name` for `cluster` with `options`."""
-    return _module(name).build(cluster, options)
+    """Builds strategy `name` for `cluster` with `options`; `cluster_of()` then finds the cluster."""
+    strategy = _module(name).build(cluster, options)
+    if not (name == "default" and options.devices is None):  # TF's global default strategy
+        registry.remember(strategy, cluster)
+    return strategy
 
 
 def inapplicable_options(name: str, options: StrategyOptions) -> list[str]:
@@ -45,4 +54,5 @@ def _module(name: str):
     return _MODULES[name]
 
 
-__all__ = ["NAMES", "StrategyOptions", "build", "choose", "inapplicable_options"]
+__all__ = ["NAMES", "StrategyOptions", "build", "choose", "cluster_of", "inapplicable_options",
+           "is_multi_worker", "is_parameter_server"]

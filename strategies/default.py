@@ -1,6 +1,6 @@
 """The default strategy: one process, one device (TensorFlow's default strategy, or one named device)."""
 
-from strategies.options import StrategyOptions, local_devices
+from kdist.strategies.options import StrategyOptions, local_devices
 
 OPTIONS = frozenset({"devices"})
 

@@ -1,6 +1,6 @@
 """MirroredStrategy: synchronous data parallelism over the devices of one process."""
 
-from strategies.options import StrategyOptions, local_devices
+from kdist.strategies.options import StrategyOptions, local_devices
 
 OPTIONS = frozenset({"devices", "all_reduce"})
 

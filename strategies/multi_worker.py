@@ -1,6 +1,6 @@
 """MultiWorkerMirroredStrategy: synchronous data parallelism across worker processes (collectives)."""
 
-from strategies.options import StrategyOptions
+from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout"})
 
@@ -24,8 +24,20 @@ def build(cluster, options: StrategyOptions):
         raise
     # TF's health-check thread reads these on every round; its first round waits for the cluster.
     for name, value in health_check_settings(options.dead_peer_timeout).items():
+        if not hasattr(strategy.extended, name):  # renamed upstream: setattr would do nothing
+            raise RuntimeError(f"dead_peer_timeout: this TensorFlow ({tf.__version__}) has no "
+                               f"{type(strategy.extended).__name__}.{name}; kdist cannot tune its "
+                               "peer health check. Report it to kdist with your TF version")
         setattr(strategy.extended, name, value)
     return strategy
+
+
+def is_multi_worker(strategy) -> bool:
+    """True for a MultiWorkerMirroredStrategy that spans several processes."""
+    import tensorflow as tf
+
+    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+            and strategy.extended._in_multi_worker_mode())
 
 
 def health_check_settings(dead_peer_timeout: float) -> dict:

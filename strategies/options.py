@@ -7,6 +7,8 @@ names it uses (`OPTIONS`); options that do not apply to the chosen strategy are 
 
 from __future__ import annotations
 
+from kdist import validators
+
 import dataclasses
 from typing import Any, Callable, Sequence
 
@@ -47,10 +49,7 @@ class StrategyOptions:
             object.__setattr__(self, "devices", devices)
         if self.all_reduce not in ALL_REDUCE:
             raise ValueError(f"all_reduce={self.all_reduce!r}: use one of {', '.join(ALL_REDUCE)}")
-        if isinstance(self.bytes_per_pack, bool) or not isinstance(self.bytes_per_pack, int) \
-                or self.bytes_per_pack < 0:
-            raise ValueError(f"bytes_per_pack={self.bytes_per_pack!r}: use a non-negative integer "
-                             "(0 lets TensorFlow choose)")
+        validators.non_negative_int(self.bytes_per_pack, "bytes_per_pack")  # 0: TF chooses
         if self.collective_timeout is not None and not (
                 isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
             raise ValueError(f"collective_timeout={self.collective_timeout!r}: use a positive number "

@@ -9,7 +9,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(ROOT, "tests", "programs")
-collect_ignore = ["programs"]  # scripts run in child processes, never imported by pytest
+collect_ignore = ["programs", "conformance/programs"]  # scripts run in child processes, never imported by pytest
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 

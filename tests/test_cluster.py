@@ -5,7 +5,7 @@ import json
 import pytest
 
 from kdist import ClusterSpec, ClusterSpecError, cluster
-from kdist.spec_file import load_spec
+from kdist.cluster.spec_file import load_spec
 
 W2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 
@@ -54,8 +54,10 @@ BAD_TF_CONFIGS = [
      "TF_CONFIG.cluster.worker[0]", "bad port"),
     (json.dumps({"cluster": {"worker": ["hostonly"]}, "task": {"type": "worker", "index": 0}}),
      "TF_CONFIG.cluster.worker[0]", "no host or no port"),
-    (json.dumps({"cluster": W2, "task": {"type": "worker", "index": 0}, "tasks": 1}),
-     "TF_CONFIG.tasks", "unknown key"),
+    (json.dumps({"cluster": W2, "task": {"type": "worker", "index": 0, "tasks": 1}}),
+     "TF_CONFIG.task.tasks", "unknown key"),
+    (json.dumps({"cluster": W2, "task": {"type": "worker", "index": 0}, "environment": 3}),
+     "TF_CONFIG.environment", "must be a string"),
     (json.dumps({"cluster": W2, "task": {"type": "worker", "index": 0}, "rpc_layer": "grpc+verbs"}),
      "TF_CONFIG.rpc_layer", "not supported"),
     (json.dumps({"cluster": W2, "task": {"type": "evaluator", "index": 1}}), "TF_CONFIG.task.index",

@@ -85,7 +85,7 @@ def test_parameter_server_example_launches_chief_workers_and_ps(tmp_path):
 
 def test_compression_example_trains_two_workers_with_powersgd():
     result = run_python(["examples/compression.py", "--data=digits", "--epochs=3",
-                         "--compressor=powersgd", "--rank=4"], timeout=300)
+                         "--compressor=powersgd:4"], timeout=300)
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     match = re.search(r"\[worker-0\] uci_digits: test accuracy (\S+) after 3 epochs, 2 replica", output)

@@ -107,7 +107,7 @@ def test_a_hung_peer_makes_the_survivor_fail_within_the_default_bound(tmp_path):
 
 
 def test_dead_peer_bound_drives_tfs_health_check():
-    from strategies.multi_worker import health_check_settings
+    from kdist.strategies.multi_worker import health_check_settings
 
     settings = health_check_settings(60)
     worst = settings["_check_health_interval"] + \

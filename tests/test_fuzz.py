@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kdist import ClusterSpec, ClusterSpecError
-from kdist.spec_file import load_spec, read_k8s_spec
+from kdist.cluster.spec_file import load_spec, read_k8s_spec
 
 EXAMPLES = settings(max_examples=1000, deadline=2000, derandomize=False,
                     suppress_health_check=[HealthCheck.too_slow])

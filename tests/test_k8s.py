@@ -10,10 +10,14 @@ import pytest
 import yaml
 
 from conftest import run_kdist
-from kdist import ClusterSpecError, k8s, netlab
-from kdist.spec_file import read_k8s_spec
+from kdist import ClusterSpecError
+from kdist.k8s import netlab
+from kdist.k8s import render as k8s
+from kdist.cluster.spec_file import read_k8s_spec
 
 PRESETS = ["cluster_specs/k8s-mwms.yaml", "cluster_specs/k8s-ps.yaml"]
+# The oldest Kubernetes minor kdist supports (README) and the newest kubernetes-validate knows.
+KUBERNETES_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.33.0", kubernetes_validate.latest_version())
 
 
 def rendered(path, fmt="jobs", namespace="ml"):
@@ -29,7 +33,8 @@ def test_jobs_manifests_validate_against_the_kubernetes_schemas(path):
     assert [d["kind"] for d in documents][0] == "Service"
     assert {d["kind"] for d in documents} == {"Service", "Job", "NetworkPolicy"}
     for document in documents:
-        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(document, version, strict=True)
 
 
 @pytest.mark.parametrize("path", PRESETS)
@@ -41,12 +46,12 @@ def test_each_pod_computes_the_tf_config_the_spec_implies(path):
         container = job["spec"]["template"]["spec"]["containers"][0]
         env = {e["name"]: e["value"] for e in container["env"]}
         assert container["command"][:3] == ["kdist", "exec", "--"]
-        assert job["spec"]["completions"] == spec["roles"][role]
+        assert job["spec"]["completions"] == spec.roles[role]
         for index in range(job["spec"]["completions"]):
             tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": str(index)}))
             assert tf_config == expected.tf_config(role, index)
             assert tf_config["cluster"][role][index] == \
-                f"{spec['name']}-{role}-{index}.{spec['name']}.ml.svc:2222"
+                f"{spec.name}-{role}-{index}.{spec.name}.ml.svc:2222"
 
 
 def test_kdist_exec_sets_tf_config_and_runs_the_command():
@@ -112,7 +117,8 @@ def test_evaluator_pod_gets_the_training_cluster_and_its_own_task(tmp_path):
     jobs = {d["metadata"]["name"]: d for d in documents if d["kind"] == "Job"}
     assert set(jobs) == {"ev-chief", "ev-worker", "ev-evaluator"}
     for document in documents:
-        kubernetes_validate.validate(document, kubernetes_validate.latest_version(), strict=True)
+        for version in KUBERNETES_VERSIONS:
+            kubernetes_validate.validate(document, version, strict=True)
     env = {e["name"]: e["value"]
            for e in jobs["ev-evaluator"]["spec"]["template"]["spec"]["containers"][0]["env"]}
     tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": "0"}))
@@ -176,7 +182,8 @@ def test_network_namespaces_resolve_each_other_and_carry_traffic():
 def test_evicted_and_preempted_pods_do_not_spend_the_backoff_limit():
     for job in (d for d in rendered("cluster_specs/k8s-mwms.yaml") if d["kind"] == "Job"):
         rules = job["spec"]["podFailurePolicy"]["rules"]
-        assert {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]} in rules
+        assert {"action": "Ignore",
+                "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
         assert {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow",
                                                     "operator": "In", "values": [75]}} in rules
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"

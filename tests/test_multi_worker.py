@@ -121,6 +121,30 @@ def test_backup_and_restore_resumes_every_worker_from_the_chiefs_backup(job):
     assert not (job["out"] / "backup").exists()  # the chief deleted it after the resumed run
 
 
+def test_stock_keras_callbacks_write_each_file_once_from_the_chief(job):
+    expected = ["backup/latest.weights.h5", "backup/training_metadata.json", "best.keras",
+                "e1.keras", "e2.keras", "log.csv", "m.weights.h5"]
+    for report in job["reports"].values():
+        files = [f for f in report["stock_files"] if not f.startswith("tb/")]
+        assert files == expected, report["stock_files"]
+        assert report["stock_csv_rows"] == 3  # header + one row per epoch, written once
+        assert report["stock_event_writers"] == 1  # one TensorBoard writer: the chief's
+        assert report["stock_weights_load"] is True
+        assert report["leftover_temp_dirs_after_stock"] == []
+
+
+def test_upstream_stock_callbacks_write_from_every_worker(job):
+    """Without kdist's fix (uninstalled in the job), both workers write TensorBoard event files
+    into the user's directory. When this fails, Keras fixed it upstream: drop the workaround."""
+    for report in job["reports"].values():
+        assert report["unpatched_event_files"] == 2
+
+
+def test_a_worker_loads_the_chiefs_save_after_kdist_barrier(job):
+    for report in job["reports"].values():
+        assert report["loaded_after_barrier_same"] is True
+
+
 def test_tf_servers_listen_on_their_tf_config_ports(job):
     """TF's gRPC server binds its port on every interface (grpc_server_lib.cc hard-codes 0.0.0.0);
     kdist can only hand it loopback addresses. This documents that, and fails if TF changes."""

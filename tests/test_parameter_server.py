@@ -66,9 +66,22 @@ def test_partitioned_embedding_trains_from_a_dataset_function(trained):
     losses = trained["report"]["embedding_loss"]
     assert losses[-1] < 0.5 * losses[0]
     # TF 2.21's ParameterServerStrategy traces the function once and always passes one input
-    # pipeline: workers cannot shard by input context (documented in kdist/keras_ps.py). If this
+    # pipeline: workers cannot shard by input context (documented in kdist/ps/training.py). If this
     # changes, TF started sharding and the docs must say so.
     assert trained["report"]["input_contexts"] == [[0, 1]]
+
+
+def test_a_dataset_built_in_the_program_trains_with_validation(trained):
+    """Regression: the chief's Dataset was captured in a dataset function and the workers failed
+    with "Unable to parse tensor proto"."""
+    history = trained["report"]["dataset_history"]
+    assert len(history["loss"]) == 3 and history["loss"][-1] < history["loss"][0]
+    assert len(history["val_loss"]) == 3 and history["val_accuracy"][-1] > 0.6
+
+
+def test_a_dataset_from_a_python_generator_trains_too(trained):
+    history = trained["report"]["generator_history"]
+    assert len(history["loss"]) == 2 and history["examples"] == [4 * 32, 4 * 32]
 
 
 def test_gradient_compression_is_refused_with_the_reason(trained):

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 import kdist
-import strategies
+from kdist import strategies
 from kdist import keras_compat
-from strategies import StrategyOptions
+from kdist.strategies import StrategyOptions
 
 W2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
 
@@ -43,6 +43,13 @@ def test_auto_selection_for_each_tf_config_shape(cluster, options, gpus, expecte
     config = {"cluster": cluster, "task": {"type": next(iter(cluster)), "index": 0}} if cluster else {}
     spec = kdist.ClusterSpec.from_tf_config(config)
     assert strategies.choose(spec, StrategyOptions(**options), num_gpus=gpus) == expected
+
+
+def test_a_split_cpu_means_mirrored_over_its_logical_devices():
+    single = kdist.ClusterSpec.from_tf_config({})
+    assert strategies.choose(single, StrategyOptions(), num_gpus=0, num_cpus=2) == "mirrored"
+    assert strategies.choose(single, StrategyOptions(), num_gpus=1, num_cpus=2) == "default"
+    assert strategies.choose(single, StrategyOptions(), num_gpus=0, num_cpus=1) == "default"
 
 
 def test_default_scope_trains_and_is_reused():
@@ -82,7 +89,7 @@ def test_environment_overrides_auto(monkeypatch):
 @pytest.mark.parametrize("options,words", [
     ({"device": ["/cpu:0"]}, "unknown option 'device'"),
     ({"all_reduce": "tree"}, "all_reduce='tree'"),
-    ({"bytes_per_pack": -1}, "bytes_per_pack=-1"),
+    ({"bytes_per_pack": -1}, "bytes_per_pack: -1"),
     ({"collective_timeout": 0}, "collective_timeout=0"),
     ({"devices": []}, "devices=[]"),
 ])
@@ -94,7 +101,7 @@ def test_bad_options_are_rejected(options, words):
 
 @pytest.mark.parametrize("arguments,error,words", [
     ({"compression": "powersgd"}, TypeError, "use a kdist.compression.Compressor"),
-    ({"aggregate_every": 0}, ValueError, "aggregate_every=0"),
+    ({"aggregate_every": 0}, ValueError, "aggregate_every: 0"),
 ])
 def test_bad_compression_arguments(arguments, error, words):
     with pytest.raises(error, match=words):
@@ -103,10 +110,10 @@ def test_bad_compression_arguments(arguments, error, words):
 
 
 @pytest.mark.parametrize("make,words", [
-    (lambda: kdist.compression.PowerSGD(rank=0), "rank=0"),
+    (lambda: kdist.compression.PowerSGD(rank=0), "rank: 0"),
     (lambda: kdist.compression.TopK(ratio=0), "ratio=0"),
     (lambda: kdist.compression.TopK(0.01, momentum=0.9, error_feedback=False), "needs error_feedback"),
-    (lambda: kdist.compression.FP16(start_step=-1), "start_step=-1"),
+    (lambda: kdist.compression.FP16(start_step=-1), "start_step: -1"),
     (lambda: kdist.compression.PowerSGD(min_compression_rate=0.5), "min_compression_rate=0.5"),
 ])
 def test_bad_compressor_arguments(make, words):
@@ -145,7 +152,7 @@ def test_servers_wait_for_the_chief_to_come_and_go():
     import threading
     import time
 
-    from kdist.serve import wait_for_chief
+    from kdist.ps.serve import wait_for_chief
 
     chief = socket.create_server(("127.0.0.1", 0))
     address = f"127.0.0.1:{chief.getsockname()[1]}"
@@ -165,7 +172,7 @@ def test_global_batch_size_and_learning_rate_follow_replicas():
 
     assert kdist.global_batch_size(32, strategy=FourReplicas()) == 128
     assert kdist.scale_learning_rate(0.1, strategy=FourReplicas()) == pytest.approx(0.4)
-    with pytest.raises(ValueError, match="per_replica=0"):
+    with pytest.raises(ValueError, match="per_replica: 0"):
         kdist.global_batch_size(0)
     assert strategy is kdist.current_strategy()
 
@@ -178,7 +185,7 @@ def test_linear_warmup_ramps_then_hands_over():
     restored = kdist.LinearWarmup.from_config(schedule.get_config())
     assert float(restored(14)) == pytest.approx(0.2)
     assert float(kdist.LinearWarmup(1.0, warmup_steps=10, initial=0.5)(20)) == pytest.approx(1.0)
-    with pytest.raises(ValueError, match="warmup_steps=0"):
+    with pytest.raises(ValueError, match="warmup_steps: 0"):
         kdist.LinearWarmup(0.1, warmup_steps=0)
 
 
@@ -205,14 +212,21 @@ def test_workarounds_are_gated_on_the_versions_they_target():
 
 
 def test_uninstall_restores_keras_exactly():
-    from keras.src.backend.tensorflow import trainer
+    from keras.src.backend.tensorflow import optimizer, trainer
+    from keras.src.callbacks import model_checkpoint
 
-    keras_compat.install()
-    patched = trainer.reduce_per_replica
-    keras_compat.uninstall()
-    assert trainer.reduce_per_replica is not patched
-    assert trainer.reduce_per_replica.__module__ == "keras.src.backend.tensorflow.trainer"
-    assert "kdist" not in trainer.TensorFlowTrainer.fit.__code__.co_filename
-    keras_compat.install()
-    assert trainer.reduce_per_replica is not patched and "kdist" in \
-        trainer.reduce_per_replica.__code__.co_filename
+    from kdist.scope import install_patches, uninstall_patches
+
+    methods = [(trainer, "reduce_per_replica"), (trainer.TensorFlowTrainer, "fit"),
+               (trainer.TensorFlowTrainer, "_make_function"),
+               (optimizer.TFOptimizer, "_all_reduce_sum_gradients"),
+               (model_checkpoint.ModelCheckpoint, "_save_model")]
+    install_patches()
+    patched = [getattr(owner, name) for owner, name in methods]
+    assert all("kdist" in f.__code__.co_filename for f in patched)
+    uninstall_patches()
+    for (owner, name), before in zip(methods, patched):
+        assert getattr(owner, name) is not before
+        assert "kdist" not in getattr(owner, name).__code__.co_filename, name
+    install_patches()
+    assert all("kdist" in getattr(owner, name).__code__.co_filename for owner, name in methods)

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import QUIET_TF, ROOT
 from kdist import ClusterSpecError, cluster
-from kdist.slurm import in_slurm_step
+from kdist.cluster.slurm import in_slurm_step
 
 STEP = {"SLURM_PROCID": "1", "SLURM_STEP_NUM_TASKS": "4", "SLURM_STEP_NODELIST": "node[07-08]",
         "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}

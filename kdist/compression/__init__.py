@@ -7,15 +7,18 @@
 >>> round(kdist.compression.stats(model)["comm_ratio"], 1)    # 64x64 kernel 8x, the rest plain
 6.6
 
-Compressors: `NoCompression`, `FP16`, `BF16`, `PowerSGD`, `TopK`. Write your own by subclassing
+Compressors: `NoCompression`, `FP16`, `BF16`, `PowerSGD`, `TopK`; by name with
+`from_name("powersgd:4")`. Write your own by subclassing
 `Compressor` (state + compress/decompress). `aggregate_every=k` in `kdist.scope()` accumulates
 gradients locally and all-reduces their mean every k steps.
 """
 
 from kdist.compression.base import Comm, Compressor, NoCompression
 from kdist.compression.casting import BF16, FP16
-from kdist.compression.hook import stats
+from kdist.compression.keras_hook import stats
+from kdist.compression.names import from_name
 from kdist.compression.powersgd import PowerSGD
 from kdist.compression.topk import TopK
 
-__all__ = ["BF16", "FP16", "Comm", "Compressor", "NoCompression", "PowerSGD", "TopK", "stats"]
+__all__ = ["BF16", "FP16", "Comm", "Compressor", "NoCompression", "PowerSGD", "TopK", "from_name",
+           "stats"]

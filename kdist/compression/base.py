@@ -22,6 +22,8 @@ True
 
 from __future__ import annotations
 
+from kdist import validators
+
 import math
 from typing import Any, Sequence
 
@@ -66,8 +68,7 @@ class Compressor:
     def __init__(self, min_compression_rate: float = 2.0, start_step: int = 0):
         if not min_compression_rate >= 1:
             raise ValueError(f"min_compression_rate={min_compression_rate!r}: use a number >= 1")
-        if isinstance(start_step, bool) or not isinstance(start_step, int) or start_step < 0:
-            raise ValueError(f"start_step={start_step!r}: use a non-negative number of steps")
+        validators.non_negative_int(start_step, "start_step")
         self.min_compression_rate = min_compression_rate
         self.start_step = start_step
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from kdist import validators
+
 import math
 
 from kdist.compression.base import Compressor
@@ -30,8 +32,7 @@ class PowerSGD(Compressor):
     def __init__(self, rank: int = 4, start_step: int = 0, min_compression_rate: float = 2.0,
                  error_feedback: bool = True, warm_start: bool = True, seed: int = 0):
         super().__init__(min_compression_rate, start_step)
-        if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
-            raise ValueError(f"rank={rank!r}: use a positive integer, e.g. 4")
+        validators.positive_int(rank, "rank")
         self.rank, self.error_feedback, self.warm_start, self.seed = \
             rank, error_feedback, warm_start, seed
 

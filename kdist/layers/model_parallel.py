@@ -24,8 +24,7 @@ import keras
 from keras import ops
 
 from kdist.layers import mappings
-from kdist.layers.partitioned import (_add_shards, dense_options_config, set_dense_options,
-                                       split_sizes)
+from kdist.layers.sharding import add_shards, dense_options_config, set_dense_options, split_sizes
 
 PARTITIONS = ("column", "row")
 
@@ -72,7 +71,7 @@ class ModelParallelDense(keras.layers.Layer):
         if partition == "row" and not gather_output:
             raise ValueError("gather_output=False is for partition='column'; a row layer always "
                              "returns the summed output")
-        from strategies.options import local_devices
+        from kdist.strategies.options import local_devices
 
         self.devices = list(local_devices(devices)) if devices else default_devices()
         self.units, self.partition = units, partition
@@ -96,7 +95,7 @@ class ModelParallelDense(keras.layers.Layer):
             self.feature_sizes = split_sizes(input_dim, len(self.devices), "devices") \
                 if self.partition == "row" else None
         axis = 1 if self.partition == "column" else 0
-        self.kernel_shards = _add_shards(
+        self.kernel_shards = add_shards(
             self, "kernel", (input_dim, self.units), axis, self.kernel_initializer,
             self.kernel_regularizer, self.kernel_constraint, len(self.devices), self.devices)
         if self.partition == "row" and self.input_is_split and \
@@ -107,11 +106,11 @@ class ModelParallelDense(keras.layers.Layer):
         self.bias_shards = []
         if self.use_bias:
             if self.partition == "column":
-                self.bias_shards = _add_shards(
+                self.bias_shards = add_shards(
                     self, "bias", (self.units,), 0, self.bias_initializer, self.bias_regularizer,
                     self.bias_constraint, len(self.devices), self.devices)
             else:
-                self.bias_shards = _add_shards(
+                self.bias_shards = add_shards(
                     self, "bias", (self.units,), 0, self.bias_initializer, self.bias_regularizer,
                     self.bias_constraint, 1, self.devices[:1])
 

@@ -20,68 +20,18 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-
-def split_sizes(total: int, parts: int, what: str = "num_shards") -> list[int]:
-    """`total` split into `parts` sizes differing by at most one, larger first (TF's "div" rule)."""
-    if parts < 1 or parts > total:
-        raise ValueError(f"{what}={parts}: use 1 to {total} (each part holds at least one "
-                         "unit/row)")
-    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
-
-
-_DENSE_OPTIONS = ("kernel_initializer", "bias_initializer", "kernel_regularizer",
-                  "bias_regularizer", "kernel_constraint", "bias_constraint")
-
-
-def set_dense_options(layer, activation, use_bias, kernel_initializer, bias_initializer,
-                      kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint):
-    """Sets the options a Dense-like layer shares with `keras.layers.Dense`."""
-    layer.activation = keras.activations.get(activation)
-    layer.use_bias = use_bias
-    getters = (keras.initializers.get, keras.initializers.get, keras.regularizers.get,
-               keras.regularizers.get, keras.constraints.get, keras.constraints.get)
-    values = (kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
-              kernel_constraint, bias_constraint)
-    for name, get, value in zip(_DENSE_OPTIONS, getters, values):
-        setattr(layer, name, get(value))
-
-
-def dense_options_config(layer) -> dict:
-    """The `get_config()` entries of `set_dense_options`."""
-    return {"activation": keras.activations.serialize(layer.activation), "use_bias": layer.use_bias,
-            **{name: keras.saving.serialize_keras_object(getattr(layer, name))
-               for name in _DENSE_OPTIONS}}
+from kdist.layers.sharding import add_shards, dense_options_config, set_dense_options, split_sizes
 
 
 def _default_shards() -> int:
-    from kdist.cluster import cluster
-
-    return max(1, cluster().roles.get("ps", 1))
-
-
-def _add_shards(layer, name, full_shape, axis, initializer, regularizer, constraint, num_shards,
-                devices=None):
-    """Initialises the whole variable once, then adds it as `num_shards` variables split on `axis`
-    (shard i created on `devices[i]` when devices are given)."""
-    import contextlib
-
+    """The ps tasks of the current strategy's cluster, else 1."""
     import tensorflow as tf
 
-    initializer = keras.initializers.get(initializer)
-    with tf.init_scope():  # eager even when the layer is built while a model is being traced
-        full = initializer(full_shape, dtype=layer.variable_dtype)
-    shards, start = [], 0
-    for i, size in enumerate(split_sizes(full_shape[axis], num_shards)):
-        with tf.init_scope():
-            piece = ops.slice(full, [start if a == axis else 0 for a in range(len(full_shape))],
-                              [size if a == axis else d for a, d in enumerate(full_shape)])
-        with tf.device(devices[i]) if devices else contextlib.nullcontext():
-            shards.append(layer.add_weight(
-                name=f"{name}_shard_{i}", shape=tuple(piece.shape),
-                initializer=lambda shape, dtype=None, value=piece: ops.cast(value, dtype),
-                regularizer=regularizer, constraint=constraint))
-        start += size
-    return shards
+    from kdist.strategies import cluster_of
+
+    spec = cluster_of(tf.distribute.get_strategy())
+    return max(1, spec.roles.get("ps", 1)) if spec is not None else 1
+
 
 
 @keras.saving.register_keras_serializable(package="kdist")
@@ -90,7 +40,7 @@ class PartitionedDense(keras.layers.Layer):
 
     Args:
         units: output size.
-        num_shards: kernel shards (default: the number of ps tasks in TF_CONFIG, else 1).
+        num_shards: kernel shards (default: the number of ps tasks of the current strategy, else 1).
         activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
         bias_regularizer, kernel_constraint, bias_constraint: as for `keras.layers.Dense`.
     """
@@ -107,7 +57,7 @@ class PartitionedDense(keras.layers.Layer):
                           kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
-        self.kernel_shards = _add_shards(self, "kernel", (input_shape[-1], self.units), 1,
+        self.kernel_shards = add_shards(self, "kernel", (input_shape[-1], self.units), 1,
                                          self.kernel_initializer, self.kernel_regularizer,
                                          self.kernel_constraint, self.num_shards)
         self.bias = self.add_weight(
@@ -159,7 +109,7 @@ class PartitionedEmbedding(keras.layers.Layer):
         self.embeddings_constraint = keras.constraints.get(embeddings_constraint)
 
     def build(self, input_shape=None):
-        self.embedding_shards = _add_shards(
+        self.embedding_shards = add_shards(
             self, "embeddings", (self.input_dim, self.output_dim), 0, self.embeddings_initializer,
             self.embeddings_regularizer, self.embeddings_constraint, self.num_shards)
 

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from kdist import compression  # noqa: E402
+from kdist.compression import keras_hook  # noqa: E402
 
 report = {}
 rng = np.random.default_rng(0)
@@ -172,7 +173,7 @@ with kdist.scope(devices=devices):
 report["nominal_ratio"] = {}
 for compressor in (compression.FP16(), compression.PowerSGD(rank=4), compression.TopK(0.01)):
     mlp.optimizer = keras.optimizers.SGD()
-    mlp.optimizer._kdist_compression = compressor
+    mlp.optimizer._kdist = keras_hook.Binding(mlp.optimizer, compressor, aggregate_every=1)
     report["nominal_ratio"][type(compressor).__name__] = compression.stats(mlp)["comm_ratio"]
 
 print(json.dumps(report))

@@ -1,7 +1,7 @@
 """A training task for the fault-tolerance tests: `fault_job.py OUT_DIR [options]`.
 
 Trains an MLP on the UCI digits (no shuffling, so resumed runs can be compared exactly) under
-kdist.scope() with `kdist.callbacks.BackupAndRestore(save_freq=--save-freq,
+kdist.scope() with the stock `keras.callbacks.BackupAndRestore(save_freq=--save-freq,
 save_before_preemption=True)`. Every trained step is appended to OUT_DIR/steps-<task>.jsonl as
 {"restart", "epoch", "step", "time"}; skipped steps (already in the backup) are not. At the end each
 task writes OUT_DIR/result-<task>.json (test accuracy, weight checksum, restart count).
@@ -80,7 +80,8 @@ with kdist.scope(**options):
     model.compile(keras.optimizers.SGD(0.05, momentum=0.9),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                   metrics=["accuracy"])
-backup = kdist.callbacks.BackupAndRestore(os.path.join(args.out_dir, "backup"),
+# The stock class, as users write it: kdist's step-level resume and SIGTERM checkpoint apply.
+backup = keras.callbacks.BackupAndRestore(os.path.join(args.out_dir, "backup"),
                                           save_freq=args.save_freq, save_before_preemption=True)
 fit_args = {"steps_per_epoch": steps_per_epoch} if spec.has_ps else {"shuffle": False}
 model.fit(x, digits.y_train, batch_size=batch, epochs=args.epochs, verbose=0,

@@ -16,6 +16,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from kdist import keras_compat  # noqa: E402
+
 PER_REPLICA, STEPS = 8, 5
 rng = np.random.default_rng(1)
 x = rng.normal(size=(PER_REPLICA * replicas * STEPS, 5)).astype("float32")
@@ -39,6 +41,30 @@ reference.set_weights(initial)
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch)
 distributed_history = distributed.fit(dataset, epochs=2, verbose=0, shuffle=False)
 reference_history = reference.fit(dataset, epochs=2, verbose=0, shuffle=False)
+with kdist.scope() as bare:  # no arguments after scope(devices=...): the same strategy, no downgrade
+    bare_replicas = bare.num_replicas_in_sync
+
+
+def fit_steps_per_execution(k):
+    """Two epochs of 5 batches, k steps per execution (k=3: the last execution is partial)."""
+    with kdist.scope():
+        model = build()
+        model.compile(keras.optimizers.SGD(0.05), "mse", steps_per_execution=k)
+    model.set_weights(initial)
+    history = model.fit(dataset, epochs=2, verbose=0, shuffle=False)
+    return model, history
+
+
+by_one, _ = fit_steps_per_execution(1)
+by_three, by_three_history = fit_steps_per_execution(3)
+spe_fix = {w.name: w for w in keras_compat.WORKAROUNDS}["steps_per_execution_under_mirrored"]
+spe_fix.uninstall()
+try:
+    fit_steps_per_execution(3)
+    upstream_error = None
+except Exception as err:  # noqa: BLE001 (the upstream bug, whatever TF raises)
+    upstream_error = f"{type(err).__name__}: {str(err)[:300]}"
+spe_fix.install()
 
 print(json.dumps({
     "strategy": type(strategy).__name__,
@@ -51,4 +77,9 @@ print(json.dumps({
                            zip(distributed.get_weights(), initial)),
     "loss": distributed_history.history["loss"],
     "reference_loss": reference_history.history["loss"],
+    "bare_scope_replicas": bare_replicas,
+    "spe3_iterations": int(by_three.optimizer.iterations.numpy()),
+    "spe3_max_weight_diff": max(float(np.abs(a - b).max()) for a, b in
+                                zip(by_three.get_weights(), by_one.get_weights())),
+    "spe3_upstream_error": upstream_error,
 }))

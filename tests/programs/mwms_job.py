@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import tempfile
+import time
 
 import kdist
 
@@ -24,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 from keras.src.backend.tensorflow.trainer import TFEpochIterator  # noqa: E402
 
 from kdist import keras_compat  # noqa: E402
+from kdist.scope import install_patches, uninstall_patches  # noqa: E402
 
 report = {"task": spec.task, "is_chief": spec.is_chief, "strategy": type(strategy).__name__,
           "replicas": strategy.num_replicas_in_sync}
@@ -65,7 +67,7 @@ def shard_of_one_epoch():
 
 
 # 1. Regression evidence: each upstream bug still breaks Keras without kdist's workaround.
-keras_compat.uninstall()
+uninstall_patches()
 report["unpatched_fit_error"] = error_of(lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH,
                                                                   epochs=1, verbose=0))
 report["unpatched_shard"] = shard_of_one_epoch()
@@ -74,6 +76,7 @@ patches["symbolic_build_without_collective"].install()
 report["only_build_patched_fit_error"] = error_of(
     lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0))
 report["workarounds"] = keras_compat.install()
+install_patches()
 report["patched_shard"] = shard_of_one_epoch()
 
 # 2. fit on in-memory arrays (shuffled) with the multi-worker-safe callbacks.
@@ -131,6 +134,16 @@ report["resumed_epochs_run"] = len(again_history.history["loss"])
 report["resumed_from_backup"] = bool(again._initial_epoch == 2)
 report["weights_after_two_checksum"] = float(sum(np.sum(w) for w in map(np.asarray, weights_after_two)))
 
+# 6b. model.save on the chief, kdist.barrier(), then every worker loads the complete file.
+saved = os.path.join(out_dir, "saved.keras")
+if spec.is_chief:
+    time.sleep(2)  # a slow filesystem: without the barrier, worker 1 would try to load first
+    again.save(saved)
+kdist.barrier()
+report["loaded_after_barrier_same"] = all(
+    np.array_equal(a, b) for a, b in zip(keras.saving.load_model(saved).get_weights(),
+                                         again.get_weights()))
+
 # 7. The sockets this process listens on (TF's gRPC server).
 port = int(spec.address(spec.task_type, spec.task_index).rsplit(":", 1)[1])
 report["listening"] = sorted({f"{c.laddr.ip}:{c.laddr.port}"
@@ -158,15 +171,62 @@ def train_step_ops(scope):
     return counts
 
 
-from kdist import keras_compat  # noqa: E402
-
 kdist_ops = train_step_ops(kdist.scope)
-keras_compat.uninstall()
+uninstall_patches()
 for workaround in keras_compat.WORKAROUNDS:
     if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce"):
         workaround.install()
 report["train_step_ops"] = {"kdist": kdist_ops, "by_hand": train_step_ops(strategy.scope)}
-keras_compat.install()
+install_patches()
+
+
+# 9. Stock Keras callbacks, as a user writes them: each file written once, by the chief.
+def files_under(folder):
+    return sorted(os.path.relpath(os.path.join(d, f), folder)
+                  for d, _, names in os.walk(folder) for f in names)
+
+
+def fit_with_stock_callbacks(folder):
+    model = make_model()
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, validation_data=(x, y), verbose=0,
+              callbacks=[keras.callbacks.ModelCheckpoint(os.path.join(folder, "m.weights.h5"),
+                                                         save_weights_only=True),
+                         keras.callbacks.ModelCheckpoint(os.path.join(folder, "best.keras"),
+                                                         save_best_only=True),
+                         keras.callbacks.ModelCheckpoint(os.path.join(folder, "e{epoch}.keras")),
+                         keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"),
+                                                          save_freq=2, delete_checkpoint=False),
+                         keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")),
+                         keras.callbacks.TensorBoard(os.path.join(folder, "tb")),
+                         keras.callbacks.EarlyStopping(patience=5),
+                         keras.callbacks.ReduceLROnPlateau(patience=5),
+                         keras.callbacks.TerminateOnNaN()])
+    return model
+
+
+stock = os.path.join(out_dir, "stock")
+stock_model = fit_with_stock_callbacks(stock)
+kdist.barrier()
+report["stock_files"] = files_under(stock)
+report["stock_csv_rows"] = len(open(os.path.join(stock, "log.csv")).read().splitlines())
+report["stock_event_writers"] = len({name.rsplit(".", 2)[0].rsplit(".", 1)[-1] for name in
+                                     os.listdir(os.path.join(stock, "tb", "train"))})
+report["stock_weights_load"] = all(np.array_equal(a, b) for a, b in zip(
+    keras.saving.load_model(os.path.join(stock, "e2.keras")).get_weights(),
+    stock_model.get_weights()))
+report["leftover_temp_dirs_after_stock"] = glob.glob(os.path.join(
+    tempfile.gettempdir(), f"kdist-workertemp-{spec.task_type}-{spec.task_index}-*"))
+
+# Upstream evidence (no crash needed): without the fix, each worker writes its own TensorBoard
+# event file into the user's directory.
+callbacks_fix = {w.name: w for w in keras_compat.WORKAROUNDS}["multi_worker_file_callbacks"]
+callbacks_fix.uninstall()
+unpatched = os.path.join(out_dir, "unpatched")
+make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0,
+                 callbacks=[keras.callbacks.TensorBoard(os.path.join(unpatched, "tb"))])
+kdist.barrier()
+report["unpatched_event_files"] = len(os.listdir(os.path.join(unpatched, "tb", "train")))
+callbacks_fix.install()
 
 with open(os.path.join(out_dir, f"{spec.task}.json"), "w") as f:
     json.dump(report, f)

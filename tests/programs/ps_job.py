@@ -4,7 +4,8 @@
 Every task runs this script: on ps and worker tasks `kdist.strategy()` serves and exits when the
 chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
   train      fit with partitioned layers and the file-writing callbacks, SIGKILL worker 1 at the
-             start of epoch 2, evaluate, predict; fit from a dataset function
+             start of epoch 2, evaluate, predict; fit from a dataset function, from a
+             tf.data.Dataset built here, and one from a Python generator
   kill_ps    BackupAndRestore every epoch, SIGKILL ps 1 at the start of epoch 2 (on the first run
              only, KDIST_RESTART_COUNT=0): fit must fail clearly; restarted by the launcher, the
              same fit resumes from the backup. Writes OUT/kill_ps-<restart>.json.
@@ -26,7 +27,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from kdist.keras_ps import ParameterServerFailure  # noqa: E402
+from kdist.ps import ParameterServerFailure  # noqa: E402
 
 STEPS, BATCH = 16, 32
 rng = np.random.default_rng(0)
@@ -126,6 +127,21 @@ if mode == "train":
     except ValueError as err:
         report["compression_refused"] = str(err)
     report["embedding_devices"] = devices(embedding_model)
+    # The most common input: a tf.data.Dataset built right here from arrays, validation too.
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).repeat().batch(BATCH)
+    validation = tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
+    dataset_model = make_model()
+    report["dataset_history"] = dataset_model.fit(dataset, epochs=3, steps_per_epoch=STEPS,
+                                                  validation_data=validation,
+                                                  verbose=0).history
+    def generated():  # noqa: E306
+        yield x[:BATCH], y[:BATCH]
+
+    generator_dataset = tf.data.Dataset.from_generator(
+        generated, output_signature=(tf.TensorSpec((None, 8), tf.float32),
+                                     tf.TensorSpec((None,), tf.int32)))
+    report["generator_history"] = make_model().fit(generator_dataset, epochs=2, steps_per_epoch=4,
+                                                   verbose=0).history
 else:
     model = make_model()
     backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))

@@ -30,9 +30,10 @@ import mnist_data  # noqa: E402
 WARMUP_STEPS = 46  # TopK's accuracy run: two epochs uncompressed first (DGC's warm-up)
 COMPRESSORS = {  # name -> factory(warm-up steps)
     "none": lambda warmup: None,
-    "fp16": lambda warmup: compression.FP16(),
-    "powersgd_r4": lambda warmup: compression.PowerSGD(rank=4),
-    "topk_1pct": lambda warmup: compression.TopK(0.01, momentum=MOMENTUM, start_step=warmup)}
+    "fp16": lambda warmup: compression.from_name("fp16"),
+    "powersgd_r4": lambda warmup: compression.from_name("powersgd:4"),
+    "topk_1pct": lambda warmup: compression.from_name("topk:0.01", momentum=MOMENTUM,
+                                                      start_step=warmup)}
 MOMENTUM = 0.9  # SGD momentum; TopK applies it itself (momentum correction), SGD then has none
 GLOBAL_BATCH = kdist.global_batch_size(32)
 

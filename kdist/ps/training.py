@@ -1,7 +1,8 @@
 """Keras 3 `fit` / `evaluate` / `predict` under ParameterServerStrategy (keras-team/keras#18624).
 
-Written for Keras 3.15 on TensorFlow 2.21 (gated with the other patches in `kdist/keras_compat.py`).
-On the chief, the model's `fit` becomes a ClusterCoordinator loop:
+Written for Keras 3.15 on TensorFlow 2.21. `kdist.fit_dispatch` routes a model's `fit` / `evaluate` /
+`predict` here when its strategy is a ParameterServerStrategy. On the chief, `fit` becomes a
+ClusterCoordinator loop:
 
 - training data becomes a per-worker dataset, repeated: a `tf.data.Dataset`, a function
   `fn(input_context) -> Dataset`, or NumPy arrays (shuffled, batched by `batch_size`). TensorFlow
@@ -33,12 +34,6 @@ class ParameterServerFailure(RuntimeError):
     """A parameter server was lost during training; the variables it held are gone."""
 
 
-def is_parameter_server(strategy) -> bool:
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)
-
-
 _coordinators: dict = {}
 
 
@@ -68,9 +63,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     train_data = _training_dataset_fn(x, y, sample_weight, batch_size, shuffle)
     _build(model, strategy, train_data(None).element_spec)
     _reject_sharded_variables(model)
-    per_worker = coordinator(strategy).create_per_worker_dataset(
-        lambda: strategy.distribute_datasets_from_function(train_data))
-    iterator = iter(per_worker)
+    iterator = iter(_per_worker_dataset(strategy, x, train_data))
     k = model.steps_per_execution
     schedule = [(_train_function(model, k), k)] * (steps_per_epoch // k) + \
         [(_train_function(model, 1), 1)] * (steps_per_epoch % k)
@@ -227,6 +220,20 @@ def _unpack(data):
     if _is_dataset(data) or callable(data):
         return data, None, None
     return data_adapter_utils.unpack_x_y_sample_weight(data)
+
+
+def _per_worker_dataset(strategy, x, train_data):
+    """The workers' copies of the training data.
+
+    A `tf.data.Dataset` object built in the program goes to the workers as a dataset (TF serializes
+    its graph and each worker runs a copy); a dataset built inside a function that captures it
+    would not (its tensors live on the chief: "Unable to parse tensor proto").
+    """
+    if _is_dataset(x):
+        return coordinator(strategy).create_per_worker_dataset(
+            strategy.experimental_distribute_dataset(x.repeat()))
+    return coordinator(strategy).create_per_worker_dataset(
+        lambda: strategy.distribute_datasets_from_function(train_data))
 
 
 def _is_dataset(x) -> bool:

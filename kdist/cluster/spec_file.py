@@ -16,18 +16,21 @@ job -> ``{count, resources}``) or ``cluster`` (job -> addresses), ``host`` (role
 ``image``, ``command`` (list), ``resources`` (requests/limits for every role), ``restart_policy``
 (Never or OnFailure; Never), ``backoff_limit`` (0). Unknown keys are errors.
 
->>> from kdist.spec_file import load_spec
+>>> from kdist.cluster.spec_file import load_spec
 >>> load_spec("cluster_specs/local-2-workers.json").roles      # doctest: +SKIP
 {'worker': 2}
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
+import re
 from typing import Any
 
-from kdist.cluster import ClusterSpec, ClusterSpecError, _count, validate_roles
+from kdist import validators
+from kdist.cluster.spec import ClusterSpec, ClusterSpecError, _count, validate_roles
 
 _KEYS = ("name", "roles", "cluster", "host", "port", "image", "command", "resources",
          "restart_policy", "backoff_limit")
@@ -39,8 +42,12 @@ def read_spec(path: str) -> dict[str, Any]:
     if not os.path.isfile(path):
         raise ClusterSpecError(path, "no such file", "give the path of a cluster-spec file, e.g. "
                                "cluster_specs/local-2-workers.json")
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except (OSError, UnicodeDecodeError) as err:
+        raise ClusterSpecError(path, f"cannot be read ({type(err).__name__}: {err})",
+                               "give a readable UTF-8 JSON or YAML cluster-spec file") from None
     try:
         if path.endswith((".yaml", ".yml")):
             import yaml
@@ -95,10 +102,23 @@ def _role_counts(data: dict, path: str) -> dict[str, int]:
     return counts
 
 
-def read_k8s_spec(path: str) -> dict:
-    """A roles-form spec with its Kubernetes fields checked and defaulted."""
-    import re
+@dataclasses.dataclass(frozen=True)
+class KubernetesSpec:
+    """A roles-form spec file with its Kubernetes fields checked and defaulted (`read_k8s_spec`)."""
 
+    path: str  # the file, used to name fields in errors
+    name: str  # a Kubernetes name: the job, its Service and its labels
+    roles: dict  # job -> task count (> 0), in kdist's order
+    port: int = 2222
+    image: str | None = None
+    command: tuple[str, ...] | None = None
+    resources: dict = dataclasses.field(default_factory=dict)  # role -> requests/limits
+    restart_policy: str = "Never"
+    backoff_limit: int = 0
+
+
+def read_k8s_spec(path: str) -> KubernetesSpec:
+    """A roles-form spec with its Kubernetes fields checked and defaulted."""
     data = read_spec(path)
     if "roles" not in data:
         raise ClusterSpecError(f"{path}.cluster", "fixed addresses cannot be rendered for "
@@ -110,14 +130,14 @@ def read_k8s_spec(path: str) -> dict:
                                "(at most 42 characters)")
     counts = validate_roles(_role_counts(data, path), path)
     port = data.get("port", 2222)
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 < port < 65536:
+    if not validators.port(port):
         raise ClusterSpecError(f"{path}.port", f"bad port {port!r}", "use 1 to 65535, e.g. 2222")
     restart = data.get("restart_policy", "Never")
     if restart not in ("Never", "OnFailure"):
         raise ClusterSpecError(f"{path}.restart_policy", f"{restart!r} is not a Job restart policy",
                                "use Never or OnFailure")
     backoff = data.get("backoff_limit", 0)
-    if isinstance(backoff, bool) or not isinstance(backoff, int) or backoff < 0:
+    if not validators.is_count(backoff):
         raise ClusterSpecError(f"{path}.backoff_limit", f"{backoff!r}", "use a count >= 0")
     command = data.get("command")
     if command is not None and (not isinstance(command, list) or not all(
@@ -126,7 +146,8 @@ def read_k8s_spec(path: str) -> dict:
                                "write command: [python, train.py]")
     resources = {role: (value.get("resources") if isinstance(value, dict) else None)
                  or data.get("resources") for role, value in data["roles"].items()}
-    return {"path": path, "name": name, "roles": {r: n for r, n in counts.items() if n},
-            "port": port, "image": data.get("image"), "command": command,
-            "resources": {r: v for r, v in resources.items() if v},
-            "restart_policy": restart, "backoff_limit": backoff}
+    return KubernetesSpec(path=path, name=name, roles={r: n for r, n in counts.items() if n},
+                          port=port, image=data.get("image"),
+                          command=None if command is None else tuple(command),
+                          resources={r: v for r, v in resources.items() if v},
+                          restart_policy=restart, backoff_limit=backoff)

@@ -23,13 +23,16 @@ import os
 import shutil
 from typing import Mapping
 
-from kdist.cluster import JOBS, ClusterSpec, ClusterSpecError
+from kdist import validators
+from kdist.cluster.spec import JOBS, ClusterSpec, ClusterSpecError
 
 PORT_ENV = "KDIST_SLURM_PORT"
 ROLES_ENV = "KDIST_SLURM_ROLES"
 DEFAULT_PORT = 8888  # TF's SlurmClusterResolver port_base
 _STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
                    "SLURM_STEP_TASKS_PER_NODE")
+# Everything `cluster_from_slurm` reads: what `kdist.cluster()` memoizes on.
+VARIABLES = (*_STEP_VARIABLES, PORT_ENV, ROLES_ENV, "CUDA_VISIBLE_DEVICES")
 
 
 def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
@@ -86,7 +89,7 @@ def parse_roles(text: str | None, num_tasks: int) -> dict[str, int]:
 def _port(text: str | None) -> int:
     if text is None:
         return DEFAULT_PORT
-    if not text.isdigit() or not 0 < int(text) < 65536:
+    if not text.isdigit() or not validators.port(int(text)):
         raise ClusterSpecError(PORT_ENV, f"bad port {text!r}", "use a port number from 1 to 65535")
     return int(text)
 

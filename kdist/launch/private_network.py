@@ -14,6 +14,8 @@ import shutil
 import subprocess
 import sys
 
+from kdist.validators import UsageError
+
 MARKER = "KDIST_PRIVATE_NETWORK"
 
 
@@ -24,7 +26,7 @@ def enter_private_network() -> None:
         return
     unshare = shutil.which("unshare")
     if unshare is None:
-        raise ValueError("--private-network needs unshare (util-linux) on PATH")
+        raise UsageError("--private-network", "unshare is not on PATH", "install util-linux")
     flags = ["--net"] if os.geteuid() == 0 else ["--user", "--map-root-user", "--net"]
     os.environ[MARKER] = "1"
     sys.stdout.flush()
@@ -34,5 +36,5 @@ def enter_private_network() -> None:
 def _loopback_up() -> None:
     result = subprocess.run(["ip", "link", "set", "lo", "up"], capture_output=True, text=True)
     if result.returncode:
-        raise ValueError(f"--private-network: cannot bring up the loopback interface "
-                         f"({result.stderr.strip() or 'ip not found'}); install iproute2")
+        raise UsageError("--private-network", "cannot bring up the loopback interface "
+                         f"({result.stderr.strip() or 'ip not found'})", "install iproute2")

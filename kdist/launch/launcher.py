@@ -19,11 +19,18 @@ launcher itself dies.
 With `max_restarts` K (like torchrun), a failure stops every task and starts the whole
 synchronous group again, up to K times, on the same addresses; each task sees the restart count in
 ``KDIST_RESTART_COUNT`` and resumes from its backup (`kdist.callbacks.BackupAndRestore`). A task
-that saved a checkpoint on SIGTERM exits with `EXIT_PREEMPTED` (75), which restarts the same way.
+that saved a checkpoint on SIGTERM exits with `exit_codes.PREEMPTED` (75), which restarts the same way.
+
+Before any task starts, the program is looked up: a missing one fails with 127 and one that is not
+executable with 126 (the shell's codes), and no process is left behind.
+
+Extend it without subclassing: `task_command(task_type, index) -> (argv, env)` gives each task its
+own command line and environment (`kdist k8s simulate` runs each pod in its own network namespace
+this way), and `address_policy(spec)` decides which addresses may be launched here.
 
 >>> import io
 >>> from kdist.cluster import ClusterSpec
->>> from kdist.launcher import Launcher
+>>> from kdist.launch import Launcher
 >>> log = io.StringIO()
 >>> Launcher(ClusterSpec.local_layout({"worker": 2}),
 ...          ["python", "-c", "import os; print(os.environ['TF_CONFIG'])"], output=log).run()
@@ -35,18 +42,23 @@ True
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import enum
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
-from typing import IO, Sequence
+from typing import IO, Callable, Sequence
 
-from kdist.cluster import ClusterSpec
+from kdist import exit_codes, validators
+from kdist.validators import UsageError
+from kdist.cluster.spec import ClusterSpec
 
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
+RESTART_ENV = "KDIST_RESTART_COUNT"
 
 
 class State(enum.Enum):
@@ -59,14 +71,52 @@ class State(enum.Enum):
     RESTARTING = "restarting"
 
 
-EXIT_TIMED_OUT = 124  # as coreutils `timeout`
-EXIT_PREEMPTED = 75  # EX_TEMPFAIL: a task saved a checkpoint on SIGTERM; restarting it resumes
-RESTART_ENV = "KDIST_RESTART_COUNT"
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How one attempt of the job ended: the final state, the exit code, the task that decided it."""
+
+    state: State
+    exit_code: int
+    task: str | None = None
 
 
-def exit_code_of(returncode: int) -> int:
-    """A child's exit status as a shell reports it (killed by signal N -> 128 + N)."""
-    return 128 - returncode if returncode < 0 else returncode
+class ProgramError(UsageError):
+    """The program to launch is missing (exit code 127) or not executable (126)."""
+
+    def __init__(self, program: str, problem: str, fix: str, exit_code: int):
+        self.exit_code = exit_code
+        super().__init__(program, problem, fix)
+
+
+def check_program(argv: Sequence[str]) -> str:
+    """The path `argv[0]` runs, or `ProgramError` (127 missing, 126 not executable), as a shell."""
+    if not argv:
+        raise UsageError("command", "empty", "give the program to run after '--', e.g. "
+                         "kdist launch -- python train.py")
+    program = argv[0]
+    if os.sep in program:
+        if not os.path.exists(program):
+            raise ProgramError(program, "no such file", "check the path of the program to run",
+                               exit_codes.NOT_FOUND)
+        if os.path.isdir(program) or not os.access(program, os.X_OK):
+            raise ProgramError(program, "not executable", f"run it through its interpreter (e.g. "
+                               f"python {program}) or chmod +x it", exit_codes.NOT_EXECUTABLE)
+        return program
+    found = shutil.which(program)
+    if found is None:
+        raise ProgramError(program, "command not found on PATH",
+                           "install it, or give its full path", exit_codes.NOT_FOUND)
+    return found
+
+
+def require_loopback(spec: ClusterSpec) -> None:
+    """The default address policy: every task of a local launch listens on this machine's loopback."""
+    non_local = [a for addresses in spec.jobs.values() for a in addresses
+                 if not a.startswith(LOOPBACK_PREFIXES)]
+    if non_local:
+        raise UsageError(f"address {non_local[0]}", "the local launcher runs every task on this "
+                         "machine's loopback (127.0.0.1) only", "use a roles-only spec or "
+                         "127.0.0.1 addresses")
 
 
 def _die_with_parent() -> None:
@@ -90,40 +140,53 @@ class Task:
 
     def poll(self) -> int | None:
         code = self.process.poll()
-        return None if code is None else exit_code_of(code)
+        return None if code is None else exit_codes.of_returncode(code)
 
 
 class Launcher:
-    """Starts every task of `spec` running `command`, supervises them, returns the job's exit code.
+    """Starts every task of `spec`, supervises them, returns the job's exit code.
 
     Args:
-        spec: the cluster (without a task); every address must be on this machine's loopback.
-        command: argv run for every task.
+        spec: the cluster (without a task).
+        command: argv run for every task (with `task_command`, may be None).
         timeout: seconds before the whole job is stopped with exit code 124 (None: no limit).
         grace: seconds the other workers get to finish after the leader succeeded.
         stop_timeout: seconds between SIGTERM and SIGKILL when stopping a task.
         output: where prefixed lines go (default: stdout).
         env: the tasks' base environment (default: this process's).
         max_restarts: how many times a failed group is restarted before the job fails.
+        task_command: `(task_type, index) -> (argv, env)` for each task; default: `command` with
+            the task's TF_CONFIG added to `env`.
+        address_policy: `(spec) -> None`, raises ValueError for addresses this launcher may not
+            run; default `require_loopback`.
     """
 
-    def __init__(self, spec: ClusterSpec, command: Sequence[str], timeout: float | None = None,
-                 grace: float = 30.0, stop_timeout: float = 5.0, output: IO[str] | None = None,
-                 env: dict[str, str] | None = None, max_restarts: int = 0):
-        if isinstance(max_restarts, bool) or not isinstance(max_restarts, int) or max_restarts < 0:
-            raise ValueError(f"--max-restarts={max_restarts!r}: use a non-negative integer")
-        if not command:
-            raise ValueError("command is empty: give the program to run after '--', e.g. "
-                             "kdist launch -- python train.py")
-        self._check_addresses(spec)
+    def __init__(self, spec: ClusterSpec, command: Sequence[str] | None,
+                 timeout: float | None = None, grace: float = 30.0, stop_timeout: float = 5.0,
+                 output: IO[str] | None = None, env: dict[str, str] | None = None,
+                 max_restarts: int = 0,
+                 task_command: Callable[[str, int], tuple[list[str], dict]] | None = None,
+                 address_policy: Callable[[ClusterSpec], None] = require_loopback):
+        validators.non_negative_int(max_restarts, "--max-restarts")
+        if timeout is not None:
+            validators.positive_number(timeout, "--timeout")
+        validators.non_negative_number(grace, "--grace")
+        validators.positive_number(stop_timeout, "stop_timeout")
+        address_policy(spec)
         if spec.leader is None:
-            raise ValueError("the cluster has no chief and no worker to run the job")
-        self.spec, self.command = spec, list(command)
+            raise UsageError("cluster", "no chief and no worker to run the job",
+                             "add a chief or a worker")
+        self.spec = spec
+        self.command = None if command is None else list(command)
+        self.task_command = task_command or self.default_task_command
+        if task_command is None:
+            check_program(self.command or [])
         self.timeout, self.grace, self.stop_timeout = timeout, grace, stop_timeout
         self.max_restarts, self.restarts = max_restarts, 0
         self.output = output or sys.stdout
         self.env = dict(os.environ if env is None else env)
         self.state = State.RUNNING
+        self.outcome: Outcome | None = None
         self.tasks: list[Task] = []
         self._lock = threading.Lock()
         self._readers: list[threading.Thread] = []
@@ -133,20 +196,26 @@ class Launcher:
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
+        """Runs the job (restarting it as allowed); returns its exit code (see `outcome`)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         deadline = None if self.timeout is None else time.monotonic() + self.timeout
         try:
             while True:
                 self._start_all()
-                code = self._supervise(deadline)
+                self.outcome = self._supervise(deadline)
+                self.state = self.outcome.state
                 if self.state is not State.FAILED or self.restarts >= self.max_restarts:
-                    return code
+                    return self.outcome.exit_code
                 self._restart()
         finally:
             self._stop_all()
             self._join_readers()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+    def default_task_command(self, task_type: str, index: int) -> tuple[list[str], dict[str, str]]:
+        """`command` with the task's TF_CONFIG in the base environment."""
+        return self.command, dict(self.env, TF_CONFIG=self.spec.tf_config_json(task_type, index))
 
     def log(self, message: str) -> None:
         self._write(f"[kdist] {message}\n")
@@ -163,18 +232,16 @@ class Launcher:
         self._chief_deadline = None
         self.state = State.RUNNING
 
-    def _supervise(self, deadline: float | None) -> int:
+    def _supervise(self, deadline: float | None) -> Outcome:
         leader = self._task(*self.spec.leader)
         finish_by = None
         while True:
             if self._signal is not None:
-                self.state = State.INTERRUPTED
                 self.log(f"received {signal.Signals(self._signal).name}: stopping every task")
-                return 128 + self._signal
+                return Outcome(State.INTERRUPTED, exit_codes.SIGNAL_BASE + self._signal)
             if deadline is not None and time.monotonic() > deadline:
-                self.state = State.TIMED_OUT
                 self.log(f"timed out after {self.timeout:g}s: stopping every task")
-                return EXIT_TIMED_OUT
+                return Outcome(State.TIMED_OUT, exit_codes.TIMED_OUT)
             if self.state is State.RUNNING:
                 self._report_tolerated_failures()
             failed = next((t for t in self.tasks if t.poll() not in (None, 0)
@@ -183,9 +250,8 @@ class Launcher:
                 if self._chief_reports(failed, leader):
                     time.sleep(0.1)
                     continue
-                self.state = State.FAILED
                 self.log(f"{failed.name} exited with code {failed.poll()}: stopping the other tasks")
-                return failed.poll()
+                return Outcome(State.FAILED, failed.poll(), failed.name)
             if self.state is State.RUNNING and leader.poll() == 0:
                 self.state = State.FINISHING
                 finish_by = time.monotonic() + self.grace
@@ -197,8 +263,7 @@ class Launcher:
                 if not running or time.monotonic() > finish_by:
                     if running:
                         self.log("grace period over: stopping " + ", ".join(t.name for t in running))
-                    self.state = State.SUCCEEDED
-                    return 0
+                    return Outcome(State.SUCCEEDED, exit_codes.OK, leader.name)
             time.sleep(0.1)
 
     def _report_late_failures(self) -> None:
@@ -231,27 +296,19 @@ class Launcher:
         return self.spec.has_ps and task.task_type == "worker"
 
     # ------------------------------------------------------------------ processes
-    def _check_addresses(self, spec: ClusterSpec) -> None:
-        non_local = [a for addresses in spec.jobs.values() for a in addresses
-                     if not a.startswith(LOOPBACK_PREFIXES)]
-        if non_local:
-            raise ValueError(f"address {non_local[0]}: the local launcher runs every task on this "
-                             "machine's loopback (127.0.0.1) only; use a roles-only spec or "
-                             "127.0.0.1 addresses")
-
-    def _process_args(self, task_type: str, index: int) -> tuple[list[str], dict[str, str]]:
-        """The argv and environment of one task."""
-        return self.command, dict(self.env, TF_CONFIG=self.spec.tf_config_json(task_type, index),
-                                  PYTHONUNBUFFERED="1")
-
     def _start_all(self) -> None:
         for task_type, index in self.spec.tasks():
-            argv, env = self._process_args(task_type, index)
+            argv, env = self.task_command(task_type, index)
+            env = dict(env, PYTHONUNBUFFERED="1")
             env[RESTART_ENV] = str(self.restarts)
-            process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                       start_new_session=True, preexec_fn=_die_with_parent,
-                                       text=True, errors="replace", bufsize=1)
+            try:
+                process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
+                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                           start_new_session=True, preexec_fn=_die_with_parent,
+                                           text=True, errors="replace", bufsize=1)
+            except OSError:  # gone or changed since the check: the same errors, run() cleans up
+                check_program(argv)
+                raise
             self.tasks.append(Task(task_type, index, process))
         self.log(f"started {len(self.tasks)} task(s): "
                  + ", ".join(f"{t.name}={self.spec.address(t.task_type, t.index)}"

@@ -20,37 +20,44 @@ Example:
 from __future__ import annotations
 
 import json
-import os
+import logging
 from typing import Any, Mapping
+
+from kdist import validators
+from kdist.validators import UsageError
 
 # The job names TensorFlow accepts, in the order kdist lists them.
 JOBS = ("chief", "worker", "ps", "evaluator")
 _TOP_LEVEL_KEYS = ("cluster", "task", "rpc_layer", "environment")
+# Keys platforms add that neither TF's strategies nor kdist read: accepted without a word.
+PLATFORM_KEYS = {"job": "Vertex AI / AI Platform Training: the job's own specification"}
+# Task keys: TF reads type and index; AI Platform Training adds trial (hyperparameter tuning) and
+# cloud (an internal id). Anything else in "task" is a mistake and an error.
+_TASK_KEYS = ("type", "index", "trial", "cloud")
+_warned: set[str] = set()  # unknown top-level keys already warned about (once per process)
+logger = logging.getLogger("kdist")
 MAX_LOCAL_TASKS = 64  # tasks of one local cluster (each a TF process on this host)
 
 
-class ClusterSpecError(ValueError):
+class ClusterSpecError(UsageError):
     """A cluster description that TensorFlow would reject or misread.
 
     The message names the offending field, what is wrong with it and how to fix it.
     """
 
-    def __init__(self, field: str, problem: str, fix: str):
-        self.field = field
-        super().__init__(f"{field}: {problem}. Fix: {fix}")
-
 
 class ClusterSpec:
     """A validated cluster: jobs with their addresses, plus (optionally) this process's task.
 
-    Build one with `ClusterSpec.from_tf_config(...)`, `kdist.cluster()` (reads `TF_CONFIG`) or
+    Build one with `ClusterSpec.from_tf_config(...)`, `kdist.cluster()` (reads the environment) or
     `ClusterSpec.local_layout(...)` (addresses for a local launch). A spec without a task describes
     a whole cluster (what the launcher and manifest renderers need); `with_task()` picks one task.
     """
 
     def __init__(self, jobs: Mapping[str, list[str]], task_type: str | None = None,
                  task_index: int | None = None, rpc_layer: str = "grpc",
-                 environment: str | None = None, source: str = "TF_CONFIG"):
+                 environment: str | None = None, source: str = "TF_CONFIG",
+                 from_environment: bool = False):
         self.jobs = {job: list(jobs[job]) if isinstance(jobs[job], (list, tuple)) else jobs[job]
                      for job in JOBS if job in jobs}  # anything else is rejected just below
         self.task_type = task_type
@@ -58,14 +65,20 @@ class ClusterSpec:
         self.rpc_layer = rpc_layer
         self.environment = environment
         self.source = source
+        self.from_environment = from_environment  # TF reads this same TF_CONFIG itself
         _validate_jobs(self.jobs, prefix=f"{source}.cluster")
         if task_type is not None or task_index is not None:
             _validate_task(self.jobs, task_type, task_index, prefix=f"{source}.task")
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def from_tf_config(cls, config: str | Mapping[str, Any], source: str = "TF_CONFIG") -> "ClusterSpec":
-        """Parses and validates a TF_CONFIG (JSON text or an already decoded dict)."""
+    def from_tf_config(cls, config: str | Mapping[str, Any], source: str = "TF_CONFIG",
+                       from_environment: bool = False) -> "ClusterSpec":
+        """Parses and validates a TF_CONFIG (JSON text or an already decoded dict).
+
+        `from_environment`: the text is this process's own TF_CONFIG variable, so strategies may let
+        TensorFlow's `TFConfigClusterResolver` read it.
+        """
         if isinstance(config, str):
             try:
                 config = json.loads(config) if config.strip() else {}
@@ -77,10 +90,7 @@ class ClusterSpec:
         if not isinstance(config, Mapping):
             raise ClusterSpecError(source, f"must be a JSON object, got {type(config).__name__}",
                                    'use {"cluster": {...}, "task": {...}}')
-        unknown = sorted(set(config) - set(_TOP_LEVEL_KEYS))
-        if unknown:
-            raise ClusterSpecError(f"{source}.{unknown[0]}", "unknown key",
-                                   f"TF_CONFIG takes only {', '.join(_TOP_LEVEL_KEYS)}")
+        _warn_about_unknown_keys(config, source)
         if not config.get("cluster"):
             if "task" in config:
                 raise ClusterSpecError(f"{source}.cluster", "missing while a task is given",
@@ -97,13 +107,22 @@ class ClusterSpec:
         if not isinstance(task, Mapping):
             raise ClusterSpecError(f"{source}.task", f"must be an object, got {type(task).__name__}",
                                    'use {"type": "worker", "index": 0}')
+        unknown = sorted(set(task) - set(_TASK_KEYS))
+        if unknown:
+            raise ClusterSpecError(f"{source}.task.{unknown[0]}", "unknown key",
+                                   f"a task takes only {', '.join(_TASK_KEYS)}")
         _check_jobs_are_known(cluster, prefix=f"{source}.cluster")
+        environment = config.get("environment")
+        if environment is not None and not isinstance(environment, str):
+            raise ClusterSpecError(f"{source}.environment", f"must be a string, got {environment!r}",
+                                   'remove it or write e.g. "environment": "cloud"')
         rpc_layer = config.get("rpc_layer", "grpc")
         if rpc_layer != "grpc":
             raise ClusterSpecError(f"{source}.rpc_layer", f"{rpc_layer!r} is not supported",
                                    'remove it or set it to "grpc"')
         return cls(cluster, task.get("type"), task.get("index"), rpc_layer=rpc_layer,
-                   environment=config.get("environment"), source=source)
+                   environment=environment, source=source,
+                   from_environment=from_environment)
 
     @classmethod
     def local_layout(cls, roles: Mapping[str, int], host: str = "127.0.0.1",
@@ -128,7 +147,7 @@ class ClusterSpec:
     def with_task(self, task_type: str, task_index: int) -> "ClusterSpec":
         """This cluster as seen by one of its tasks."""
         return ClusterSpec(self.jobs, task_type, task_index, self.rpc_layer, self.environment,
-                           self.source)
+                           self.source)  # another task: no longer the environment's own spec
 
     # ----------------------------------------------------------------- queries
     @property
@@ -200,7 +219,7 @@ class ClusterSpec:
         """
         import tensorflow as tf
 
-        if os.environ.get("TF_CONFIG") and cluster() == self:
+        if self.from_environment:
             return tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(self.jobs), task_type=self.task_type, task_id=self.task_index,
@@ -221,21 +240,6 @@ class ClusterSpec:
         return f"ClusterSpec({roles}, task={self.task})"
 
 
-def cluster() -> ClusterSpec:
-    """The cluster this process belongs to: from `TF_CONFIG`; when it is unset, from the Slurm job
-    step this process is a task of (`kdist.slurm`); otherwise a single process.
-
-    Raises `ClusterSpecError` naming the field and the fix when TF_CONFIG is malformed.
-    """
-    tf_config = os.environ.get("TF_CONFIG", "")
-    if not tf_config.strip():
-        from kdist import slurm
-
-        if slurm.in_slurm_step():
-            return slurm.cluster_from_slurm()
-    return ClusterSpec.from_tf_config(tf_config)
-
-
 def validate_roles(roles: Mapping[str, Any], source: str) -> dict[str, int]:
     """Checks job -> task count as TF would check the cluster; returns the counts in kdist's order."""
     _check_jobs_are_known(roles, prefix=f"{source}.roles")
@@ -246,6 +250,16 @@ def validate_roles(roles: Mapping[str, Any], source: str) -> dict[str, int]:
 
 
 # --------------------------------------------------------------------- validation helpers
+def _warn_about_unknown_keys(config: Mapping[str, Any], source: str) -> None:
+    """Top-level keys TF ignores are ignored here too (never stricter than TF), with one warning
+    per key and process; the keys platforms document (`PLATFORM_KEYS`) are accepted silently."""
+    for key in sorted(set(config) - set(_TOP_LEVEL_KEYS) - set(PLATFORM_KEYS)):
+        if key not in _warned:
+            _warned.add(key)
+            logger.warning("kdist: %s.%s: unknown key, ignored (TensorFlow ignores it too; kdist "
+                           "reads %s)", source, key, ", ".join(_TOP_LEVEL_KEYS))
+
+
 def _check_jobs_are_known(jobs: Mapping[str, Any], prefix: str) -> None:
     for job in jobs:
         _check_job_name(job, f"{prefix}.{job}")
@@ -294,7 +308,7 @@ def _validate_address(address: Any, field: str) -> None:
     if not sep or not host:
         raise ClusterSpecError(field, f"address {address!r} has no host or no port",
                                "write it as 'host:port', e.g. '127.0.0.1:2222'")
-    if not port.isdigit() or not 0 < int(port) < 65536:
+    if not port.isdigit() or not validators.port(int(port)):
         raise ClusterSpecError(field, f"bad port {port!r} in {address!r}",
                                "use a port number from 1 to 65535")
 
@@ -304,7 +318,7 @@ def _validate_task(jobs: Mapping[str, list[str]], task_type: Any, task_index: An
         raise ClusterSpecError(f"{prefix}.type", f"missing or not a string ({task_type!r})",
                                f"set it to one of {', '.join(JOBS)}")
     _check_job_name(task_type, f"{prefix}.type")
-    if isinstance(task_index, bool) or not isinstance(task_index, int) or task_index < 0:
+    if not validators.is_count(task_index):
         raise ClusterSpecError(f"{prefix}.index", f"must be a non-negative integer, got {task_index!r}",
                                'write e.g. "index": 0')
     count = len(jobs.get(task_type, ()))
@@ -324,7 +338,7 @@ def _validate_task(jobs: Mapping[str, list[str]], task_type: Any, task_index: An
 
 
 def _count(value: Any, field: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+    if not validators.is_count(value):
         raise ClusterSpecError(field, f"task count must be a non-negative integer, got {value!r}",
                                "write e.g. 2")
     return value

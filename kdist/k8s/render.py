@@ -22,8 +22,9 @@ import json
 import os
 import sys
 
-from kdist.cluster import ClusterSpec, ClusterSpecError
-from kdist.launcher import EXIT_PREEMPTED
+from kdist import exit_codes
+from kdist.cluster.spec import ClusterSpec, ClusterSpecError
+from kdist.cluster.spec_file import KubernetesSpec
 
 CLUSTER_ENV = "KDIST_CLUSTER"  # the job's cluster (TF_CONFIG's "cluster"), computed by kdist
 ROLE_ENV = "KDIST_TASK_TYPE"  # this pod's role
@@ -31,11 +32,11 @@ INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes for Indexed Jobs
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 LABEL = "kdist.dev/job"
 # A pod evicted or preempted (DisruptionTarget), or one that saved its backup on SIGTERM and exited
-# with EXIT_PREEMPTED, is replaced without counting against backoffLimit: it resumes from its backup.
+# with exit_codes.PREEMPTED, is replaced without counting against backoffLimit: it resumes from its backup.
 POD_FAILURE_POLICY = {"rules": [
-    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
     {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "In",
-                                         "values": [EXIT_PREEMPTED]}}]}
+                                         "values": [exit_codes.PREEMPTED]}}]}
 
 
 # The DNS name of a pod of an Indexed Job under the job's headless Service.
@@ -53,7 +54,7 @@ def host(job: str, role: str, index: int, namespace: str, pattern: str = HOST_PA
                                ", ".join("{%s}" % p for p in _PLACEHOLDERS)) from None
 
 
-def kubernetes_cluster(spec: dict, namespace: str, host_pattern: str = HOST_PATTERN) -> ClusterSpec:
+def kubernetes_cluster(spec: KubernetesSpec, namespace: str, host_pattern: str = HOST_PATTERN) -> ClusterSpec:
     """The training cluster of a deployed job: one `host()` per task, all on the spec's port.
 
     The evaluator is not part of it: nobody connects to an evaluator, and TF accepts a TF_CONFIG
@@ -63,26 +64,26 @@ def kubernetes_cluster(spec: dict, namespace: str, host_pattern: str = HOST_PATT
         raise ClusterSpecError("--host-pattern", f"{host_pattern!r} lacks {{role}} or {{index}}, so "
                                "tasks would share a host name",
                                "include both, e.g. '{job}-{role}-{index}.example.org'")
-    roles, port = spec["roles"], spec["port"]
-    return ClusterSpec({role: [f"{host(spec['name'], role, i, namespace, host_pattern)}:{port}"
+    roles, port = spec.roles, spec.port
+    return ClusterSpec({role: [f"{host(spec.name, role, i, namespace, host_pattern)}:{port}"
                                for i in range(n)]
                         for role, n in roles.items() if n and role != "evaluator"},
-                       source=spec["path"])
+                       source=spec.path)
 
 
-def render(spec: dict, command: list[str], namespace: str = "default", image: str | None = None,
+def render(spec: KubernetesSpec, command: list[str], namespace: str = "default", image: str | None = None,
            fmt: str = "jobs") -> list[dict]:
-    """The manifests for `spec` (see `kdist.spec_file.read_k8s_spec`) running `command`."""
-    image = image or spec.get("image")
+    """The manifests for `spec` (`kdist.cluster.spec_file.read_k8s_spec`) running `command`."""
+    image = image or spec.image
     if not image:
-        raise ClusterSpecError(f"{spec['path']}.image", "missing: Kubernetes needs a container image",
+        raise ClusterSpecError(f"{spec.path}.image", "missing: Kubernetes needs a container image",
                                "add image: to the spec or pass --image")
-    command = command or spec.get("command")
+    command = list(command or spec.command or [])
     if not command:
-        raise ClusterSpecError(f"{spec['path']}.command", "missing: nothing to run in the pods",
+        raise ClusterSpecError(f"{spec.path}.command", "missing: nothing to run in the pods",
                                "add command: [python, train.py] to the spec or pass -- python train.py")
     if fmt not in ("jobs", "tfjob"):
-        raise ValueError(f"--format={fmt!r}: use jobs or tfjob")
+        raise ClusterSpecError("--format", f"{fmt!r} is not a format", "use jobs or tfjob")
     cluster = kubernetes_cluster(spec, namespace)  # validates the roles as TF would
     documents = _jobs(spec, cluster, command, image, namespace) if fmt == "jobs" else \
         [_tfjob(spec, command, image, namespace)]
@@ -91,30 +92,30 @@ def render(spec: dict, command: list[str], namespace: str = "default", image: st
 
 def _container(spec, role, image, command, env):
     container = {"name": "tensorflow", "image": image, "command": command,
-                 "ports": [{"name": "grpc", "containerPort": spec["port"]}], "env": env}
-    resources = spec["resources"].get(role)
+                 "ports": [{"name": "grpc", "containerPort": spec.port}], "env": env}
+    resources = spec.resources.get(role)
     if resources:
         container["resources"] = resources
     return container
 
 
 def _jobs(spec, cluster, command, image, namespace):
-    name = spec["name"]
+    name = spec.name
     service = {"apiVersion": "v1", "kind": "Service",
                "metadata": {"name": name, "namespace": namespace, "labels": {LABEL: name}},
                "spec": {"clusterIP": "None", "selector": {LABEL: name},
-                        "ports": [{"name": "grpc", "port": spec["port"]}]}}
+                        "ports": [{"name": "grpc", "port": spec.port}]}}
     cluster_json = json.dumps(cluster.jobs, separators=(",", ":"))
     jobs = []
-    for role, count in spec["roles"].items():
+    for role, count in spec.roles.items():
         env = [{"name": CLUSTER_ENV, "value": cluster_json}, {"name": ROLE_ENV, "value": role}]
         pod = {"metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
-               "spec": {"subdomain": name, "restartPolicy": spec["restart_policy"],
+               "spec": {"subdomain": name, "restartPolicy": spec.restart_policy,
                         "containers": [_container(spec, role, image,
                                                   ["kdist", "exec", "--", *command], env)]}}
         job_spec = {"completionMode": "Indexed", "completions": count, "parallelism": count,
-                    "backoffLimit": spec["backoff_limit"], "template": pod}
-        if spec["restart_policy"] == "Never":  # Kubernetes allows the policy only with Never
+                    "backoffLimit": spec.backoff_limit, "template": pod}
+        if spec.restart_policy == "Never":  # Kubernetes allows the policy only with Never
             job_spec["podFailurePolicy"] = POD_FAILURE_POLICY
         jobs.append({"apiVersion": "batch/v1", "kind": "Job",
                      "metadata": {"name": f"{name}-{role}", "namespace": namespace,
@@ -124,26 +125,26 @@ def _jobs(spec, cluster, command, image, namespace):
 
 
 def _tfjob(spec, command, image, namespace):
-    name = spec["name"]
+    name = spec.name
     replicas = {}
-    for role, count in spec["roles"].items():
+    for role, count in spec.roles.items():
         replicas[TFJOB_TYPES[role]] = {
-            "replicas": count, "restartPolicy": spec["restart_policy"],
+            "replicas": count, "restartPolicy": spec.restart_policy,
             "template": {"metadata": {"labels": {LABEL: name}},
                          "spec": {"containers": [_container(spec, role, image, command, [])]}}}
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
             "metadata": {"name": name, "namespace": namespace, "labels": {LABEL: name}},
-            "spec": {"runPolicy": {"backoffLimit": spec["backoff_limit"]},
+            "spec": {"runPolicy": {"backoffLimit": spec.backoff_limit},
                      "tfReplicaSpecs": replicas}}
 
 
 def _network_policy(spec, namespace):
-    name = spec["name"]
+    name = spec.name
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
             "metadata": {"name": f"{name}-grpc", "namespace": namespace},
             "spec": {"podSelector": {"matchLabels": {LABEL: name}}, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL: name}}}],
-                                  "ports": [{"protocol": "TCP", "port": spec["port"]}]}]}}
+                                  "ports": [{"protocol": "TCP", "port": spec.port}]}]}}
 
 
 def to_yaml(documents: list[dict]) -> str:
@@ -175,7 +176,8 @@ def pod_tf_config(environ=None) -> str:
 def exec_with_tf_config(command: list[str]) -> None:
     """`kdist exec -- COMMAND`: sets TF_CONFIG for this pod, then replaces the process."""
     if not command:
-        raise ValueError("kdist exec: give the program to run after '--'")
+        raise ClusterSpecError("command", "empty", "give the program to run after '--', e.g. "
+                               "kdist exec -- python train.py")
     os.environ["TF_CONFIG"] = pod_tf_config()
     sys.stdout.flush()
     os.execvp(command[0], command)

@@ -1,0 +1,104 @@
+"""The one wrapper kdist puts around Keras's `fit`, `evaluate` and `predict`.
+
+It acts only on models kdist is responsible for, and decides in one place, in this order:
+
+1. the cluster, from the model's strategy (`kdist.strategies.cluster_of`): the spec kdist built the
+   strategy for, or a hand-built multi-worker / parameter-server strategy's own resolver; never
+   TF_CONFIG, so a plain Keras model in the same process is untouched whatever TF_CONFIG holds;
+2. progress: with ``verbose="auto"`` (Keras's default) only the chief prints, as tf-keras did;
+   an explicit ``verbose=1/2`` is honoured everywhere;
+3. compression: a model compiled inside ``kdist.scope(compression=...)`` gets the phase callback
+   (`kdist.compression.keras_hook.PhaseCallback`) in `fit`;
+4. XLA: `jit_compile=True` with several replicas on CPU devices is refused with the reason
+   (TensorFlow cannot compile the all-reduce there) instead of failing inside the first step;
+5. parameter-server training: under ParameterServerStrategy the call runs kdist's ClusterCoordinator
+   loop (`kdist.ps.training`; Keras 3 has none: keras-team/keras#18624); otherwise Keras's own.
+
+>>> from kdist import fit_dispatch
+>>> fit_dispatch.install()
+>>> fit_dispatch.installed()
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+
+from kdist.keras_compat import registry
+
+METHODS = ("fit", "evaluate", "predict")
+_installed: list = []
+
+
+def _dispatching(name: str, original):
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def method(*args, **kwargs):
+        from kdist.compression import keras_hook
+        from kdist.strategies import cluster_of, is_parameter_server
+
+        bound = signature.bind(*args, **kwargs)
+        model = bound.arguments["self"]
+        strategy = model._distribute_strategy  # None: built outside any strategy scope
+        spec = cluster_of(strategy)
+        if spec is not None and bound.arguments.get("verbose", "auto") == "auto" \
+                and not spec.is_chief:
+            bound.arguments["verbose"] = 0
+        if name == "fit" and strategy is not None and model.jit_compile is True:
+            _check_xla(strategy)
+        if name == "fit" and keras_hook.binding(model) is not None:
+            callbacks = bound.arguments.get("callbacks") or []
+            bound.arguments["callbacks"] = [keras_hook.PhaseCallback(model.optimizer), *callbacks]
+        if strategy is not None and is_parameter_server(strategy):
+            from kdist.ps import training
+
+            return getattr(training, name)(*bound.args, **bound.kwargs)
+        return original(*bound.args, **bound.kwargs)
+
+    return method
+
+
+def _check_xla(strategy) -> None:
+    """XLA cannot compile the collectives of a multi-replica step on CPU devices (TF 2.21:
+    "Collectives are not yet implemented for CPU devices when compiling with XLA", b/194942685),
+    so `jit_compile=True` would fail deep in the first step: say so before it starts."""
+    devices = strategy.extended.worker_devices
+    if strategy.num_replicas_in_sync > 1 and all("CPU" in d.upper() for d in devices):
+        raise ValueError(
+            f"compile(jit_compile=True) with {strategy.num_replicas_in_sync} replicas on CPU "
+            "devices: TensorFlow's XLA cannot compile the gradient all-reduce on CPU "
+            "(b/194942685). Use jit_compile=False, or 'auto' (Keras then leaves XLA off on CPU)")
+
+
+def install() -> None:
+    """Wraps `fit`, `evaluate` and `predict` once; installs the compression optimizer patches and
+    kdist's `BackupAndRestore` behind the stock class."""
+    if _installed:
+        return
+    from keras.src.backend.tensorflow import trainer
+
+    from kdist import callbacks
+    from kdist.compression import keras_hook
+
+    keras_hook.install()
+    callbacks.install()
+    _installed.extend(registry.replace(trainer.TensorFlowTrainer, name,
+                                       functools.partial(_dispatching, name))
+                      for name in METHODS)
+
+
+def installed() -> bool:
+    return bool(_installed)
+
+
+def uninstall() -> None:
+    """Restores Keras's own methods (and optimizer)."""
+    from kdist import callbacks
+    from kdist.compression import keras_hook
+
+    registry.undo(_installed)
+    _installed.clear()
+    keras_hook.uninstall()
+    callbacks.uninstall()

@@ -1,0 +1,14 @@
+"""The process side: start and supervise the tasks of a local cluster (`kdist launch`).
+
+No TensorFlow import here: the launcher only starts processes.
+
+>>> from kdist.launch import Launcher, State
+>>> State.SUCCEEDED.value
+'succeeded'
+"""
+
+from kdist.launch.launcher import (RESTART_ENV, Launcher, Outcome, ProgramError, State,
+                                   check_program, require_loopback)
+
+__all__ = ["RESTART_ENV", "Launcher", "Outcome", "ProgramError", "State", "check_program",
+           "require_loopback"]

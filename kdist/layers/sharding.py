@@ -1,0 +1,69 @@
+"""Helpers shared by the layers that split a variable into shards (`Partitioned*` over ps tasks,
+`ModelParallelDense` over devices): sizes, the Dense options they share, and the split itself.
+
+>>> from kdist.layers.sharding import split_sizes
+>>> split_sizes(10, 3)
+[4, 3, 3]
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+
+def split_sizes(total: int, parts: int, what: str = "num_shards") -> list[int]:
+    """`total` split into `parts` sizes differing by at most one, larger first (TF's "div" rule)."""
+    if parts < 1 or parts > total:
+        raise ValueError(f"{what}={parts}: use 1 to {total} (each part holds at least one "
+                         "unit/row)")
+    return [total // parts + (1 if i < total % parts else 0) for i in range(parts)]
+
+
+_DENSE_OPTIONS = ("kernel_initializer", "bias_initializer", "kernel_regularizer",
+                  "bias_regularizer", "kernel_constraint", "bias_constraint")
+
+
+def set_dense_options(layer, activation, use_bias, kernel_initializer, bias_initializer,
+                      kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint):
+    """Sets the options a Dense-like layer shares with `keras.layers.Dense`."""
+    layer.activation = keras.activations.get(activation)
+    layer.use_bias = use_bias
+    getters = (keras.initializers.get, keras.initializers.get, keras.regularizers.get,
+               keras.regularizers.get, keras.constraints.get, keras.constraints.get)
+    values = (kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+              kernel_constraint, bias_constraint)
+    for name, get, value in zip(_DENSE_OPTIONS, getters, values):
+        setattr(layer, name, get(value))
+
+
+def dense_options_config(layer) -> dict:
+    """The `get_config()` entries of `set_dense_options`."""
+    return {"activation": keras.activations.serialize(layer.activation), "use_bias": layer.use_bias,
+            **{name: keras.saving.serialize_keras_object(getattr(layer, name))
+               for name in _DENSE_OPTIONS}}
+
+
+def add_shards(layer, name, full_shape, axis, initializer, regularizer, constraint, num_shards,
+                devices=None):
+    """Initialises the whole variable once, then adds it as `num_shards` variables split on `axis`
+    (shard i created on `devices[i]` when devices are given)."""
+    import contextlib
+
+    import tensorflow as tf
+
+    initializer = keras.initializers.get(initializer)
+    with tf.init_scope():  # eager even when the layer is built while a model is being traced
+        full = initializer(full_shape, dtype=layer.variable_dtype)
+    shards, start = [], 0
+    for i, size in enumerate(split_sizes(full_shape[axis], num_shards)):
+        with tf.init_scope():
+            piece = ops.slice(full, [start if a == axis else 0 for a in range(len(full_shape))],
+                              [size if a == axis else d for a, d in enumerate(full_shape)])
+        with tf.device(devices[i]) if devices else contextlib.nullcontext():
+            shards.append(layer.add_weight(
+                name=f"{name}_shard_{i}", shape=tuple(piece.shape),
+                initializer=lambda shape, dtype=None, value=piece: ops.cast(value, dtype),
+                regularizer=regularizer, constraint=constraint))
+        start += size
+    return shards

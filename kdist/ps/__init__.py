@@ -1,0 +1,13 @@
+"""Parameter-server training for Keras 3: `fit` / `evaluate` / `predict` through TF's
+ClusterCoordinator on the chief (`training`), and the ps and worker tasks that serve it and exit
+when the chief is done (`serve`).
+
+>>> from kdist.ps import ParameterServerFailure
+>>> issubclass(ParameterServerFailure, RuntimeError)
+True
+"""
+
+from kdist.ps.serve import serve
+from kdist.ps.training import ParameterServerFailure
+
+__all__ = ["ParameterServerFailure", "serve"]

@@ -1,0 +1,75 @@
+"""Small argument checks shared by every module, and `UsageError`, the error they raise: it names
+the argument, the problem and the fix (a `ValueError`, so callers that catch those still do).
+
+>>> positive_int(3, "--workers")
+3
+>>> positive_number(-5, "--timeout")
+Traceback (most recent call last):
+...
+kdist.validators.UsageError: --timeout: -5 is out of range. Fix: use a positive number
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+
+class UsageError(ValueError):
+    """A bad argument: ``<field>: <problem>. Fix: <what to do>``."""
+
+    def __init__(self, field: str, problem: str, fix: str):
+        self.field, self.problem, self.fix = field, problem, fix
+        super().__init__(f"{field}: {problem}. Fix: {fix}")
+
+    def renamed(self, field: str) -> "UsageError":
+        """The same error for another name of the field (e.g. a command-line flag)."""
+        return UsageError(field, self.problem, self.fix)
+
+
+def _check(ok: bool, value: Any, name: str, fix: str) -> None:
+    if not ok:
+        raise UsageError(name, f"{value!r} is out of range", fix)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def positive_int(value: Any, name: str) -> int:
+    """`value` if it is an integer >= 1."""
+    _check(_is_int(value) and value >= 1, value, name, "use a positive integer")
+    return value
+
+
+def non_negative_int(value: Any, name: str) -> int:
+    """`value` if it is an integer >= 0."""
+    _check(_is_int(value) and value >= 0, value, name, "use a non-negative integer")
+    return value
+
+
+def positive_number(value: Any, name: str) -> float:
+    """`value` if it is a finite number > 0 (seconds, rates, sizes)."""
+    _check(_is_number(value) and value > 0, value, name, "use a positive number")
+    return value
+
+
+def non_negative_number(value: Any, name: str) -> float:
+    """`value` if it is a finite number >= 0."""
+    _check(_is_number(value) and value >= 0, value, name, "use a non-negative number")
+    return value
+
+
+def is_count(value: Any) -> bool:
+    """True when `value` is an integer >= 0 (a bool is not)."""
+    return _is_int(value) and value >= 0
+
+
+def port(value: Any) -> bool:
+    """True when `value` is a TCP port number (1 to 65535)."""
+    return _is_int(value) and 0 < value < 65536

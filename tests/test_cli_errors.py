@@ -1,0 +1,184 @@
+"""Bad input on the command line: one `kdist: error: <flag>: ...` line, the documented exit code
+(README "Exit codes"), never a traceback, no process left behind."""
+
+import os
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from conftest import ROOT, run_kdist
+
+MWMS = "cluster_specs/k8s-mwms.yaml"
+PLAN = ["--model", "examples/plan_model.py:mlp", "--per-replica-batch", "8", "--replicas", "2",
+        "--bandwidth", "1Gbit", "--host-cost", "0"]
+NOT_EXECUTABLE = os.path.join(ROOT, "README.md")
+BINARY = os.path.join(ROOT, "examples", "data", "uci_digits.npz")
+EXAMPLES = os.path.join(ROOT, "examples")
+
+# (argv, exit code, text the one-line message must contain: the flag or field)
+CASES = [
+    # launch: the program
+    (["launch", "--workers", "2", "--", "/nonexistent/prog"], 127, "/nonexistent/prog"),
+    (["launch", "--workers", "2", "--", "no-such-program-kdist"], 127, "no-such-program-kdist"),
+    (["launch", "--workers", "2", "--", NOT_EXECUTABLE], 126, "README.md"),
+    (["launch", "--workers", "2", "--", EXAMPLES], 126, "examples"),
+    (["launch", "--workers", "2"], 2, "command"),
+    (["launch", "--workers", "2", "--"], 2, "command"),
+    # launch: counts
+    (["launch", "--workers", "-1", "--", "true"], 2, "--workers"),
+    (["launch", "--workers", "", "--", "true"], 2, "--workers"),
+    (["launch", "--workers", "two", "--", "true"], 2, "--workers"),
+    (["launch", "--workers", "1.5", "--", "true"], 2, "--workers"),
+    (["launch", "--workers", "0", "--", "true"], 2, "--workers"),
+    (["launch", "--workers", "100000", "--", "true"], 2, "--workers"),
+    (["launch", "--ps", "-2", "--", "true"], 2, "--ps"),
+    (["launch", "--max-restarts", "-1", "--", "true"], 2, "--max-restarts"),
+    (["launch", "--max-restarts", "x", "--", "true"], 2, "--max-restarts"),
+    # launch: durations
+    (["launch", "--timeout", "-5", "--", "true"], 2, "--timeout"),
+    (["launch", "--timeout", "0", "--", "true"], 2, "--timeout"),
+    (["launch", "--timeout", "nan", "--", "true"], 2, "--timeout"),
+    (["launch", "--timeout", "inf", "--", "true"], 2, "--timeout"),
+    (["launch", "--timeout", "soon", "--", "true"], 2, "--timeout"),
+    (["launch", "--grace", "-1", "--", "true"], 2, "--grace"),
+    (["launch", "--grace", "nan", "--", "true"], 2, "--grace"),
+    # launch: spec files
+    (["launch", "--spec", "/nonexistent.json", "--", "true"], 2, "/nonexistent.json"),
+    (["launch", "--spec", EXAMPLES, "--", "true"], 2, "examples"),
+    (["launch", "--spec", BINARY, "--", "true"], 2, "uci_digits.npz"),
+    (["launch", "--spec", "cluster_specs/local-ps.json", "--workers", "2", "--", "true"], 2,
+     "--spec"),
+    (["launch", "--bogus"], 2, "--bogus"),
+    # validate
+    (["validate", "/nonexistent.json"], 2, "/nonexistent.json"),
+    (["validate", BINARY], 2, "uci_digits.npz"),
+    (["validate", NOT_EXECUTABLE], 2, "README.md"),
+    (["validate"], 2, "spec"),
+    # tf-config
+    (["tf-config", "--spec", MWMS, "--task", "worker"], 2, "--task"),
+    (["tf-config", "--spec", MWMS, "--task", "worker:x"], 2, "--task"),
+    (["tf-config", "--spec", MWMS, "--task", "worker:99"], 2, "task.index"),
+    (["tf-config", "--spec", MWMS, "--task", ""], 2, "--task"),
+    (["tf-config", "--spec", MWMS, "--task", "worker:0", "--namespace", "Bad_NS"], 2,
+     "--namespace"),
+    (["tf-config", "--spec", MWMS, "--task", "worker:0", "--namespace", ""], 2, "--namespace"),
+    (["tf-config", "--spec", MWMS, "--task", "worker:0", "--host-pattern", "{nope}"], 2,
+     "--host-pattern"),
+    (["tf-config", "--spec", "/nonexistent.yaml", "--task", "worker:0"], 2, "/nonexistent.yaml"),
+    (["tf-config", "--task", "worker:0"], 2, "--spec"),
+    # k8s render
+    (["k8s", "render", "--spec", MWMS, "--image", "i:1", "--output", "/nonexistent/dir/f.yaml"],
+     2, "--output"),
+    (["k8s", "render", "--spec", MWMS, "--image", "i:1", "--output", EXAMPLES], 2, "--output"),
+    (["k8s", "render", "--spec", MWMS, "--image", "i:1", "--format", "helm"], 2, "--format"),
+    (["k8s", "render", "--spec", "cluster_specs/local-2-workers.json", "--image", "i:1"], 2,
+     "command"),
+    (["k8s", "render", "--spec", BINARY, "--image", "i:1"], 2, "uci_digits.npz"),
+    (["k8s"], 2, "k8s"),
+    # k8s simulate: the program is checked before any namespace is made
+    (["k8s", "simulate", "--spec", MWMS, "--", "/nonexistent/prog"], 127, "/nonexistent/prog"),
+    (["k8s", "simulate", "--spec", MWMS, "--", NOT_EXECUTABLE], 126, "README.md"),
+    (["k8s", "simulate", "--spec", MWMS, "--timeout", "-1", "--", "true"], 2, "--timeout"),
+    # exec
+    (["exec", "--", "/nonexistent/prog"], 127, "/nonexistent/prog"),
+    (["exec", "--", NOT_EXECUTABLE], 126, "README.md"),
+    (["exec"], 2, "command"),
+    (["exec", "--", "true"], 2, "KDIST_CLUSTER"),
+    # plan (each mistake found before anything is measured)
+    (["plan", *PLAN[:1], "nonexist:fn", *PLAN[2:]], 2, "nonexist"),
+    (["plan", *PLAN[:1], "examples/README-missing.py:fn", *PLAN[2:]], 2, "--model"),
+    (["plan", *PLAN[:1], NOT_EXECUTABLE + ":fn", *PLAN[2:]], 2, "--model"),
+    (["plan", *PLAN[:1], "examples/plan_model.py:nope", *PLAN[2:]], 2, "nope"),
+    (["plan", *PLAN[:1], "examples/plan_model.py", *PLAN[2:]], 2, "--model"),
+    (["plan", *PLAN, "--per-replica-batch", "0"], 2, "--per-replica-batch"),
+    (["plan", *PLAN, "--per-replica-batch", "-3"], 2, "--per-replica-batch"),
+    (["plan", *PLAN, "--replicas", "0"], 2, "--replicas"),
+    (["plan", *PLAN, "--replicas", "many"], 2, "--replicas"),
+    (["plan", *PLAN, "--bandwidth", "fast"], 2, "--bandwidth"),
+    (["plan", *PLAN, "--bandwidth", "-1Gbit"], 2, "--bandwidth"),
+    (["plan", *PLAN, "--latency", "-5us"], 2, "--latency"),
+    (["plan", *PLAN, "--compression", "zip"], 2, "compression"),
+    (["plan", *PLAN, "--compression", "powersgd:x"], 2, "compression"),
+    (["plan", *PLAN, "--host-cost", "-1"], 2, "--host-cost"),
+    (["plan", *PLAN, "--host-cost", "nan"], 2, "--host-cost"),
+    (["plan", *PLAN, "--base-batch", "0"], 2, "--base-batch"),
+    (["plan", *PLAN, "--plot", "/nonexistent/dir/p.png"], 2, "--plot"),
+]
+
+
+@pytest.mark.parametrize("argv,code,named", CASES, ids=lambda v: " ".join(v)[:60]
+                         if isinstance(v, list) else str(v))
+def test_bad_input_gets_one_clear_line_and_the_documented_code(argv, code, named):
+    result = run_kdist(argv, timeout=120)
+    output = result.stdout + result.stderr
+    assert "Traceback" not in output, output
+    assert result.returncode == code, output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kdist: error:")]
+    assert len(errors) == 1 and named in errors[0], result.stderr
+    if code == 2:
+        assert "Fix:" in errors[0] or ": use " in errors[0] or "write" in errors[0], errors[0]
+
+
+def test_the_readme_exit_code_table_matches_the_codes_tested():
+    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    table = readme[readme.index("**Exit codes**"):]
+    for code in {c for _, c, _ in CASES} | {0, 75, 124}:
+        assert f"\n| {code} |" in table, code
+    from kdist import exit_codes
+
+    assert (exit_codes.USAGE, exit_codes.NOT_EXECUTABLE, exit_codes.NOT_FOUND,
+            exit_codes.TIMED_OUT, exit_codes.PREEMPTED) == (2, 126, 127, 124, 75)
+
+
+# Fuzzing the arguments of `launch` and `k8s render` in-process: a kdist error (exit 2/126/127),
+# never an exception. The program after -- never exists, so nothing is ever started.
+ODD = st.one_of(st.sampled_from(["-1", "0", "1", "2", "nan", "inf", "-inf", "1e309", "", " ", "x",
+                                 "1.5", "999999999999", "ml", "Bad_NS", "{role}", "jobs", "tfjob"]),
+                st.text(max_size=12))
+SPECS = st.sampled_from([os.path.join(ROOT, "cluster_specs", name) for name in (
+    "local-ps.json", "k8s-mwms.yaml", "k8s-ps.yaml", "missing.yaml")] + [BINARY, EXAMPLES, ""])
+# --output only ever names files in the test's own directory (or one that does not exist)
+OUTPUTS = st.sampled_from(["out.yaml", "sub/out.yaml", "/nonexistent/d/f.yaml", "", "."])
+LAUNCH_FLAGS = {"--workers": ODD, "--ps": ODD, "--timeout": ODD, "--grace": ODD,
+                "--max-restarts": ODD, "--spec": SPECS}
+RENDER_FLAGS = {"--spec": SPECS, "--image": ODD, "--namespace": ODD, "--format": ODD,
+                "--output": OUTPUTS}
+
+
+def _argv(flags):
+    pair = st.sampled_from(sorted(flags)).flatmap(lambda f: st.tuples(st.just(f), flags[f]))
+    return st.lists(pair, max_size=4).map(lambda pairs: [item for p in pairs for item in p])
+
+
+def _main_exit_code(argv, capsys):
+    from kdist.cli import main
+
+    try:
+        code = main(argv)
+    except SystemExit as exit_:
+        code = exit_.code
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+FUZZ = settings(max_examples=150, derandomize=True, database=None, deadline=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture])
+
+
+@FUZZ
+@given(flags=_argv(LAUNCH_FLAGS), command=st.sampled_from([[], ["--", "/nonexistent/kdist-fuzz"]]))
+def test_fuzzed_launch_arguments_end_in_a_kdist_error(flags, command, capsys):
+    code, output = _main_exit_code(["launch", *flags, *command], capsys)
+    assert code in (2, 127), output
+    assert "kdist: error:" in output
+
+
+@FUZZ
+@given(flags=_argv(RENDER_FLAGS))
+def test_fuzzed_render_arguments_end_in_success_or_a_kdist_error(flags, capsys, tmp_path,
+                                                                  monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    code, output = _main_exit_code(["k8s", "render", *flags], capsys)
+    assert code in (0, 2), output
+    assert code == 0 or "kdist: error:" in output

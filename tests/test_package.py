@@ -1,0 +1,213 @@
+"""The package as users get it: a wheel installed outside the source tree, the import graph (no
+cycles, a TensorFlow-free command-line side), the doctests of kdist.strategies, the README snippets."""
+
+import ast
+import doctest
+import importlib
+import os
+import pkgutil
+import re
+import subprocess
+import sys
+import venv
+
+import pytest
+
+from conftest import QUIET_TF, ROOT, run_python
+
+SOURCE_PACKAGES = {"kdist": os.path.join(ROOT, "kdist"),
+                   "kdist.strategies": os.path.join(ROOT, "strategies")}
+# The command-line side: what `kdist launch/validate/tf-config/k8s/exec` import. Never TensorFlow.
+TF_FREE = ("kdist", "kdist.cli", "kdist.exit_codes", "kdist.validators", "kdist.cluster",
+           "kdist.launch", "kdist.k8s")
+
+
+def source_modules() -> dict[str, str]:
+    """Every module in the source tree, by its installed name -> file."""
+    modules = {}
+    for package, folder in SOURCE_PACKAGES.items():
+        for directory, subdirs, files in os.walk(folder):
+            subdirs[:] = [d for d in subdirs if d != "__pycache__"]
+            relative = os.path.relpath(directory, folder)
+            prefix = package if relative == "." else f"{package}.{relative.replace(os.sep, '.')}"
+            for name in files:
+                if name.endswith(".py"):
+                    module = prefix if name == "__init__.py" else f"{prefix}.{name[:-3]}"
+                    modules[module] = os.path.join(directory, name)
+    return modules
+
+
+def imports_at_module_level(module: str, path: str) -> set[str]:
+    """The kdist modules `module` imports when it is imported (function-level imports excluded)."""
+    known = source_modules()
+    tree = ast.parse(open(path, encoding="utf-8").read())
+    found = set()
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names if a.name in known}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for alias in node.names:
+                candidate = f"{node.module}.{alias.name}"
+                found.add(candidate if candidate in known else node.module)
+    is_package = path.endswith("__init__.py")
+    # A package's parents are imported before it: they are not edges of its own.
+    return {m for m in found if m in known and m != module
+            and not (module.startswith(m + ".") and not is_package)}
+
+
+def test_the_import_graph_has_no_cycles():
+    graph = {m: imports_at_module_level(m, p) for m, p in source_modules().items()}
+    state, cycles = {}, []
+
+    def visit(node, stack):
+        state[node] = "open"
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == "open":
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, f"import cycles: {cycles}"
+    assert graph["kdist.cluster.environment"] and graph["kdist.cli"], "the graph was not read"
+
+
+BLOCK_TF = """
+import sys
+class Block:
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('tensorflow', 'keras', 'tf_keras'):
+            raise ImportError('blocked by the test: ' + name)
+sys.meta_path.insert(0, Block())
+"""
+
+
+def test_the_command_line_side_never_imports_tensorflow(tmp_path):
+    names = [m for m in source_modules() if m.startswith(TF_FREE) and
+             (m in TF_FREE or m.split(".")[1] in ("cluster", "launch", "k8s"))]
+    code = BLOCK_TF + f"""
+import importlib
+for name in {names!r}:
+    importlib.import_module(name)
+from kdist.cli import main
+assert main(['validate', 'cluster_specs/local-ps.json']) == 0
+assert main(['k8s', 'render', '--spec', 'cluster_specs/k8s-mwms.yaml', '--image', 'i:1',
+             '--output', {str(tmp_path / 'out.yaml')!r}]) == 0
+print('imported', len({names!r}))
+"""
+    result = run_python(["-c", code], timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"imported {len(names)}" in result.stdout and len(names) > 15
+
+
+def test_the_doctests_of_kdist_strategies_pass():
+    import kdist.strategies
+
+    modules = ["kdist.strategies"] + [f"kdist.strategies.{m.name}" for m in
+                                      pkgutil.iter_modules(kdist.strategies.__path__)]
+    attempted = 0
+    for name in modules:
+        result = doctest.testmod(importlib.import_module(name))
+        assert result.failed == 0, name
+        attempted += result.attempted
+    assert attempted >= 2
+
+
+# README snippets: every ```python block runs in a fresh process, except the ones marked
+# <!-- fragment --> (they continue a script the reader already has).
+def readme_snippets():
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    found = re.findall(r"(<!-- fragment -->\n)?```python\n(.*?)```", text, flags=re.S)
+    return [code for marker, code in found if not marker]
+
+
+@pytest.mark.parametrize("code", readme_snippets(), ids=lambda c: c.splitlines()[-1][:40])
+def test_readme_snippet_runs(code, tmp_path):
+    result = run_python(["-c", code], timeout=120, cwd=str(tmp_path))
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+
+
+def test_readme_has_runnable_snippets():
+    assert len(readme_snippets()) >= 8
+
+
+@pytest.fixture(scope="module")
+def installed_wheel(tmp_path_factory):
+    """kdist built as an sdist and a wheel, the wheel installed (not editable) into a fresh virtual
+    environment that borrows TensorFlow & co from this interpreter's site-packages."""
+    work = tmp_path_factory.mktemp("wheel")
+    dist = work / "dist"
+    build = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation",
+                            "--outdir", str(dist), ROOT], capture_output=True, text=True,
+                           timeout=300, cwd=str(work))
+    assert build.returncode == 0, build.stdout[-3000:] + build.stderr[-3000:]
+    wheel = next(p for p in dist.iterdir() if p.suffix == ".whl")
+    assert any(p.name.endswith(".tar.gz") for p in dist.iterdir())
+    env_dir = work / "venv"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    python = str(env_dir / "bin" / "python")
+    install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install",
+                              "--no-deps", "--no-index", str(wheel)],
+                             capture_output=True, text=True, timeout=300, cwd=str(work))
+    assert install.returncode == 0, install.stdout[-3000:] + install.stderr[-3000:]
+    outside = work / "elsewhere"
+    outside.mkdir()
+    return {"python": python, "bin": str(env_dir / "bin"), "wheel": wheel, "cwd": str(outside),
+            "site": subprocess.check_output([python, "-c", "import sysconfig; "
+                                             "print(sysconfig.get_paths()['purelib'])"],
+                                            text=True).strip()}
+
+
+def run_installed(wheel_env, args, timeout):
+    env = {**os.environ, **QUIET_TF, "PATH": wheel_env["bin"] + os.pathsep + os.environ["PATH"]}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run(args, cwd=wheel_env["cwd"], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def test_the_wheel_holds_every_module_and_only_kdist(installed_wheel):
+    import zipfile
+
+    names = zipfile.ZipFile(installed_wheel["wheel"]).namelist()
+    top_level = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert top_level == {"kdist"}
+    in_wheel = {n[:-3].replace("/", ".").removesuffix(".__init__") for n in names
+                if n.endswith(".py")}
+    missing = sorted(set(source_modules()) - in_wheel)
+    assert not missing, f"the wheel lacks {missing}"
+
+
+def test_every_module_imports_from_the_installed_wheel(installed_wheel):
+    """From outside the source tree, each module comes from the venv, never from this checkout."""
+    code = f"""
+import importlib, importlib.util
+for name in {sorted(source_modules())!r}:
+    # kdist.__main__ would run the command line: found, not executed
+    module = importlib.util.find_spec(name) if name.endswith('__main__') else \
+        importlib.import_module(name)
+    assert (module.origin if name.endswith('__main__') else module.__file__).startswith({installed_wheel['site']!r}), (name, module.__file__)
+print('ok')
+"""
+    result = run_installed(installed_wheel, [installed_wheel["python"], "-c", code], timeout=120)
+    assert result.returncode == 0 and "ok" in result.stdout, result.stdout + result.stderr[-3000:]
+
+
+def test_the_installed_command_line_works(installed_wheel):
+    help_ = run_installed(installed_wheel, ["kdist", "--help"], timeout=60)
+    assert help_.returncode == 0 and "launch" in help_.stdout, help_.stderr
+    spec = os.path.join(ROOT, "cluster_specs", "local-chief-2-workers.json")
+    valid = run_installed(installed_wheel, ["kdist", "validate", spec], timeout=60)
+    assert valid.returncode == 0 and "valid" in valid.stdout, valid.stderr
+
+
+def test_the_example_trains_2_workers_with_the_installed_wheel(installed_wheel):
+    """`pip install .` then `python examples/mnist_multiworker.py`, from another directory."""
+    result = run_installed(installed_wheel, [
+        installed_wheel["python"], os.path.join(ROOT, "examples", "mnist_multiworker.py"),
+        "--data=digits", "--epochs=1", "--timeout=240"], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[worker-1]" in result.stdout and "test accuracy" in result.stdout.lower(), \
+        result.stdout[-2000:]
