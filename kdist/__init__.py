@@ -13,7 +13,7 @@ import sys as _sys
 
 from kdist.cluster import ClusterSpec, ClusterSpecError, cluster
 from kdist.devices import split_cpu
-from kdist import scope as scope_module
+from kdist import scope as _scope_module
 from kdist.scope import current_strategy, scope, strategy
 from kdist.ps.serve import serve
 
@@ -78,7 +78,7 @@ def _prepare_multi_worker() -> None:
     """
     if _os.environ.get("KDIST_EAGER_MULTI_WORKER", "1") == "0" or _running_the_command_line():
         return
-    if _os.environ.get(scope_module.STRATEGY_ENV, "auto").strip() not in ("", "auto",
+    if _os.environ.get(_scope_module.STRATEGY_ENV, "auto").strip() not in ("", "auto",
                                                                           "multi_worker"):
         return
     try:
@@ -86,7 +86,7 @@ def _prepare_multi_worker() -> None:
     except ClusterSpecError:
         return  # kdist.scope() raises it, naming the field and the fix
     if spec.num_workers > 1 and not spec.has_ps and spec.task_type in ("chief", "worker"):
-        scope_module.build_multi_worker_before_first_op()
+        _scope_module.build_multi_worker_before_first_op()
 
 
 def _running_the_command_line() -> bool:

@@ -152,6 +152,7 @@ def measure_host_cost(payload: int, timeout: float = 300) -> float:
         code = f"from kdist.planner import _host_cost_task; _host_cost_task({payload}, {out!r})"
         subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout",
                         str(timeout), "--", sys.executable, "-c", code], check=True,
+                       timeout=timeout + 30,  # the launcher stops its tasks within that
                        stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
         with open(out) as f:
             seconds = json.load(f)["seconds"]

@@ -14,22 +14,44 @@ ORDERING_RULE = (
 def build(cluster, options: StrategyOptions):
     import tensorflow as tf
 
+    _configure_coordination_service(cluster, options.dead_peer_timeout)
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+        return tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=cluster.resolver(),
             communication_options=options.communication_options())
     except RuntimeError as err:
         if "at program startup" in str(err):
             raise RuntimeError(ORDERING_RULE) from err
         raise
-    # TF's health-check thread reads these on every round; its first round waits for the cluster.
-    for name, value in health_check_settings(options.dead_peer_timeout).items():
-        if not hasattr(strategy.extended, name):  # renamed upstream: setattr would do nothing
-            raise RuntimeError(f"dead_peer_timeout: this TensorFlow ({tf.__version__}) has no "
-                               f"{type(strategy.extended).__name__}.{name}; kdist cannot tune its "
-                               "peer health check. Report it to kdist with your TF version")
-        setattr(strategy.extended, name, value)
-    return strategy
+
+
+def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
+    """Configures TF's coordination service as MultiWorkerMirroredStrategy would, plus a heartbeat
+    timeout derived from `dead_peer_timeout`.
+
+    In TF 2.16-2.21 MWMS turns its Python peer health check off whenever the coordination service
+    runs (the default), and detects a dead or hung peer by the service's heartbeat alone (10 s by
+    default). MWMS configures the service only when nobody has, so kdist configures it first.
+    """
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    try:
+        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as config_pb2
+    except ImportError:  # moved upstream: say so rather than silently not tuning
+        raise RuntimeError("dead_peer_timeout: kdist cannot find TensorFlow's coordination service "
+                           "config in this TensorFlow; report it to kdist with your TF version")
+    runtime = context.context()
+    if runtime.coordination_service is not None or cluster.task_type not in ("chief", "worker"):
+        return
+    cluster_spec = cluster.resolver().cluster_spec()
+    jobs = [config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    runtime.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs,
+        heartbeat_timeout_in_ms=int(heartbeat_timeout(dead_peer_timeout) * 1000))
 
 
 def is_multi_worker(strategy) -> bool:
@@ -40,14 +62,8 @@ def is_multi_worker(strategy) -> bool:
             and strategy.extended._in_multi_worker_mode())
 
 
-def health_check_settings(dead_peer_timeout: float) -> dict:
-    """TF's peer health check tuned so that a dead peer is detected within `dead_peer_timeout`.
-
-    TF (2.16-2.21: every 30 s, 10 s per ping, 3 tries) pings every peer every `interval` seconds,
-    each ping waiting `timeout` seconds, and aborts every collective after `retries` failed pings
-    in a row: worst case interval + retries x timeout <= 2/3 of the bound, the rest left for the
-    error to reach the user's code.
-    """
-    return {"_check_health_interval": dead_peer_timeout / 3,
-            "_check_health_timeout": max(1, int(dead_peer_timeout / 9)),
-            "_check_health_retry_limit": 3}
+def heartbeat_timeout(dead_peer_timeout: float) -> float:
+    """Seconds without a heartbeat after which the coordination service declares a task dead: 40%
+    of the bound, leaving the rest for the error to abort the collectives, reach the user's code
+    and end the process (about 3 s on this machine)."""
+    return 0.4 * dead_peer_timeout

@@ -28,7 +28,8 @@ class StrategyOptions:
         collective_timeout: seconds after which one collective fails (None: no per-op limit).
         dead_peer_timeout: MultiWorkerMirrored: a worker whose peer died, hung or became
             unreachable fails within this many seconds (default 60) instead of waiting forever;
-            TF's peer health check runs every third of it.
+            TF's coordination service then declares a task dead after 40% of it without a
+            heartbeat.
         variable_partitioner: ParameterServer only; a `tf.distribute.experimental.partitioners`
             partitioner that shards large variables over the ps tasks.
     """

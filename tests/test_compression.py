@@ -14,6 +14,23 @@ def test_no_compression_is_plain_keras_bit_for_bit(report):
     assert report["no_compression_bit_for_bit"] is True
 
 
+def test_topk_ratio_1_fp16_and_bf16_sum_like_plain_keras(report):
+    differences = report["sum_vs_plain"]
+    assert differences["topk_ratio_1"] < 1e-6  # every entry: the exact sum
+    assert 1e-7 < differences["fp16"] < 2e-3  # half precision: rounded, and only that much
+    assert 1e-6 < differences["bf16"] < 2e-2  # bfloat16's 8-bit mantissa
+
+
+def test_variants_and_a_custom_compressor_train(report):
+    variants = report["variants"]
+    for name, result in variants.items():
+        assert result["loss"][-1] < result["loss"][0], name
+    assert variants["powersgd_cold"]["state"] == ["q", "residual"]
+    assert variants["powersgd_no_feedback"]["state"] == ["q"]  # no residual kept
+    assert variants["topk_no_feedback"]["state"] == []
+    assert variants["custom"]["state"] == [] and variants["custom"]["ratio"] > 1.9
+
+
 def test_powersgd_is_exact_on_gradients_of_rank_at_most_r(report):
     assert report["powersgd_rank_r_error"] < 1e-5
 

@@ -6,6 +6,7 @@ tests/programs/wire_job.py reads the loopback byte counter around training steps
 """
 
 import json
+import sys
 
 import pytest
 
@@ -17,8 +18,9 @@ TARGETS = {"fp16": 1.95, "powersgd_r4": 50.0, "topk_1pct": 30.0}  # times fewer 
 @pytest.fixture(scope="module")
 def wire(tmp_path_factory):
     out = tmp_path_factory.mktemp("wire")
-    result = run_kdist(["launch", "--workers", "2", "--timeout", "500", "--",
-                        "python", "tests/programs/wire_job.py", str(out), "3", "16"], timeout=540)
+    # In a network namespace of its own: the loopback counter then counts this job's bytes only.
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "500", "--private-network", "--",
+                        sys.executable, "tests/programs/wire_job.py", str(out), "3", "16"], timeout=540)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     return json.load(open(out / "wire.json"))
 
@@ -26,7 +28,7 @@ def wire(tmp_path_factory):
 def test_uncompressed_traffic_is_a_ring_all_reduce(wire):
     assert wire["parameters"] == 1_863_690
     ratio = wire["results"]["none"]["bytes_per_step"] / wire["ring_lower_bound_bytes"]
-    assert 1.0 <= ratio <= 1.05  # the ring bound plus gRPC framing
+    assert 1.0 <= ratio <= 1.02  # the ring bound plus gRPC framing: the README's goal
 
 
 @pytest.mark.parametrize("name", sorted(TARGETS))

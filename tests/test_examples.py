@@ -25,7 +25,7 @@ def test_tfds_path_trains_under_mock_data(tmp_path):
         assert data.x_train.dtype == "float32" and 0.0 <= data.x_train.min() <= data.x_train.max() <= 1
         accuracy = mnist_multiworker.train("mnist", epochs=1, per_replica_batch=32,
                                            learning_rate=1e-3, data_dir=str(tmp_path))
-    assert 0.0 <= accuracy <= 1.0
+    assert 0.0 < accuracy <= 1.0  # mock data are random labels: only that it evaluated
 
 
 def test_shipped_digits_are_real_and_split():

@@ -37,10 +37,21 @@ def test_jobs_manifests_validate_against_the_kubernetes_schemas(path):
             kubernetes_validate.validate(document, version, strict=True)
 
 
+# The clusters the presets imply in namespace "ml", written out by hand (not computed by kdist).
+MWMS_CLUSTER = {"worker": ["mnist-mwms-worker-0.mnist-mwms.ml.svc:2222",
+                           "mnist-mwms-worker-1.mnist-mwms.ml.svc:2222"]}
+PS_CLUSTER = {"chief": ["mnist-ps-chief-0.mnist-ps.ml.svc:2222"],
+              "worker": ["mnist-ps-worker-0.mnist-ps.ml.svc:2222",
+                         "mnist-ps-worker-1.mnist-ps.ml.svc:2222"],
+              "ps": ["mnist-ps-ps-0.mnist-ps.ml.svc:2222", "mnist-ps-ps-1.mnist-ps.ml.svc:2222"]}
+EXPECTED_CLUSTERS = {"cluster_specs/k8s-mwms.yaml": MWMS_CLUSTER,
+                     "cluster_specs/k8s-ps.yaml": PS_CLUSTER}
+
+
 @pytest.mark.parametrize("path", PRESETS)
 def test_each_pod_computes_the_tf_config_the_spec_implies(path):
     spec = read_k8s_spec(path)
-    expected = k8s.kubernetes_cluster(spec, "ml")
+    expected_cluster = EXPECTED_CLUSTERS[path]
     for job in (d for d in rendered(path) if d["kind"] == "Job"):
         role = job["metadata"]["name"].rsplit("-", 1)[1]
         container = job["spec"]["template"]["spec"]["containers"][0]
@@ -49,9 +60,8 @@ def test_each_pod_computes_the_tf_config_the_spec_implies(path):
         assert job["spec"]["completions"] == spec.roles[role]
         for index in range(job["spec"]["completions"]):
             tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": str(index)}))
-            assert tf_config == expected.tf_config(role, index)
-            assert tf_config["cluster"][role][index] == \
-                f"{spec.name}-{role}-{index}.{spec.name}.ml.svc:2222"
+            assert tf_config == {"cluster": expected_cluster,
+                                 "task": {"type": role, "index": index}}
 
 
 def test_kdist_exec_sets_tf_config_and_runs_the_command():
@@ -62,10 +72,11 @@ def test_kdist_exec_sets_tf_config_and_runs_the_command():
                         "import os; print(os.environ['TF_CONFIG'])"], timeout=60,
                        env={**env, "JOB_COMPLETION_INDEX": "1"})
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["task"] == {"type": "ps", "index": 1}
+    assert json.loads(result.stdout) == {"cluster": PS_CLUSTER, "task": {"type": "ps", "index": 1}}
     tf_config = run_kdist(["tf-config", "--spec", "cluster_specs/k8s-ps.yaml", "--task", "ps:1",
                            "--namespace", "ml"], timeout=60)
-    assert json.loads(tf_config.stdout) == json.loads(result.stdout)
+    assert json.loads(tf_config.stdout) == {"cluster": PS_CLUSTER,
+                                            "task": {"type": "ps", "index": 1}}
 
 
 def test_network_policy_admits_grpc_only_from_the_jobs_own_pods():
@@ -165,8 +176,11 @@ def test_network_namespaces_resolve_each_other_and_carry_traffic():
         pytest.skip(reason)
     server = "import socket; s = socket.create_server(('', 7777)); c, _ = s.accept(); " \
              "c.sendall(socket.gethostbyname('a.test').encode())"
-    client = "import socket, time; time.sleep(0.5); " \
-             "print(socket.create_connection(('b.test', 7777), timeout=5).recv(64).decode())"
+    # The client retries until the server listens (a busy machine may take seconds to start it).
+    client = "import socket, time\ndeadline = time.monotonic() + 20\nwhile True:\n    try:\n" \
+             "        c = socket.create_connection(('b.test', 7777), timeout=5)\n        break\n" \
+             "    except ConnectionRefusedError:\n        if time.monotonic() > deadline:\n" \
+             "            raise\n        time.sleep(0.1)\nprint(c.recv(64).decode())"
     with netlab.Network(["a.test", "b.test"]) as network:
         serving = subprocess.Popen(network.exec_prefix("b.test") + [sys.executable, "-c", server])
         try:
@@ -187,3 +201,30 @@ def test_evicted_and_preempted_pods_do_not_spend_the_backoff_limit():
         assert {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow",
                                                     "operator": "In", "values": [75]}} in rules
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_render_writes_the_output_file_with_the_command_after_dashes_and_the_specs_image(tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: demo\nroles: {worker: 2}\nimage: registry/demo:7\n")
+    output = tmp_path / "out.yaml"
+    result = run_kdist(["k8s", "render", "--spec", str(spec), "--output", str(output), "--",
+                        "python", "train.py", "--epochs", "2"], timeout=60)
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    documents = list(yaml.safe_load_all(output.read_text()))
+    job = next(d for d in documents if d["kind"] == "Job")
+    container = job["spec"]["template"]["spec"]["containers"][0]
+    assert container["image"] == "registry/demo:7"
+    assert container["command"] == ["kdist", "exec", "--", "python", "train.py", "--epochs", "2"]
+
+
+def test_simulate_in_another_namespace_stops_at_its_timeout_with_124():
+    reason = netlab.unavailable_reason()
+    if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):
+        pytest.skip(reason)
+    result = run_kdist(["k8s", "simulate", "--spec", "cluster_specs/k8s-mwms.yaml", "--namespace",
+                        "team-a", "--timeout", "3", "--", sys.executable, "-c",
+                        "import os, time; print(os.environ['KDIST_CLUSTER']); time.sleep(60)"],
+                       timeout=90)
+    assert result.returncode == 124, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "mnist-mwms-worker-1.mnist-mwms.team-a.svc:2222" in result.stdout
+    assert "timed out after 3s" in result.stdout

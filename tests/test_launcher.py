@@ -216,3 +216,44 @@ def test_private_network_runs_the_job_in_its_own_network_namespace(tmp_path):
     namespaces = {line.split("netns ", 1)[1] for line in result.stdout.splitlines()
                   if "] netns " in line}
     assert len(namespaces) == 1 and namespaces != {os.readlink("/proc/self/ns/net")}
+
+
+def test_private_network_ports_cannot_be_reached_from_outside(tmp_path):
+    """The namespace has only a loopback interface, and a task's port is closed to this host."""
+    import socket
+
+    port = tmp_path / "port"
+    listener = ("import os, socket, sys, time\n"
+                "s = socket.create_server(('0.0.0.0', 0))\n"
+                f"name = {str(port)!r} + os.environ['TF_CONFIG'][-3:-2]\n"
+                "open(name + '.tmp', 'w').write(str(s.getsockname()[1]))\n"
+                "os.replace(name + '.tmp', name)\n"
+                "names = [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]]\n"
+                "print('interfaces', sorted(names), flush=True)\n"
+                "time.sleep(8)")
+    launcher = subprocess.Popen([sys.executable, "-m", "kdist", "launch", "--workers", "2",
+                                 "--private-network", "--", sys.executable, "-c", listener],
+                                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not list(tmp_path.glob("port?")) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        written = [int(p.read_text()) for p in tmp_path.glob("port?")]
+        assert written, "no task listened"
+        with pytest.raises(ConnectionRefusedError):
+            socket.create_connection(("127.0.0.1", written[0]), timeout=5).close()
+        output, _ = launcher.communicate(timeout=60)
+    finally:
+        launcher.kill()
+        launcher.wait()
+    assert launcher.returncode == 0, output
+    assert "interfaces ['lo']" in output
+
+
+def test_evaluator_gets_its_own_task_next_to_the_training_cluster(tmp_path):
+    result = launch(tmp_path, ["--workers", "2", "--evaluator"], "*=print")
+    assert result.returncode == 0, result.stdout + result.stderr
+    evaluator = [json.loads(line.partition(" ")[2]) for line in result.stdout.splitlines()
+                 if line.startswith("[evaluator-0] {")]
+    assert len(evaluator) == 1 and evaluator[0]["task"] == {"type": "evaluator", "index": 0}
+    assert len(evaluator[0]["cluster"]["worker"]) == 2

@@ -2,6 +2,7 @@
 hybrid data-parallel x model-parallel mode with 2 real MultiWorkerMirrored workers."""
 
 import json
+import sys
 
 import pytest
 
@@ -41,6 +42,7 @@ def test_initialisation_conversion_and_saving_are_exact(report):
     assert report["dense_round_trip"] is True
     assert report["saved"] == {"functional": True, "sequential": True}
     assert report["subclassed_shape"] == [4, 4]
+    assert report["subclassed_vs_dense"] < 1e-6  # the layer inside a subclassed model is exact
 
 
 def test_trains_with_fit(report):
@@ -49,14 +51,14 @@ def test_trains_with_fit(report):
 
 def test_clear_errors(report):
     errors = report["errors"]
-    assert "'/cpu:9' does not exist" in errors["one_device_default"]
+    assert "'/cpu:9' does not exist" in errors["missing_device"]
     assert "partition='x'" in errors["bad_partition"]
     assert "devices=4: use 1 to 2" in errors["too_many_devices"]
 
 
 def test_hybrid_data_parallel_across_workers_and_model_parallel_within(tmp_path):
     result = run_kdist(["launch", "--workers", "2", "--timeout", "200", "--",
-                        "python", "tests/programs/hybrid_job.py", str(tmp_path)], timeout=240)
+                        sys.executable, "tests/programs/hybrid_job.py", str(tmp_path)], timeout=240)
     assert result.returncode == 0, result.stdout[-4000:]
     first, second = (json.load(open(tmp_path / f"worker:{i}.json")) for i in (0, 1))
     assert first["replicas"] == 2 and first["loss"][-1] < first["loss"][0]
@@ -66,3 +68,11 @@ def test_hybrid_data_parallel_across_workers_and_model_parallel_within(tmp_path)
     # for; the shards' matmuls are placed per device, their storage is not (see README).
     assert first["variable_types"] == ["MirroredVariable"]
     assert {d.rsplit("/", 1)[1] for d in first["shard_devices"]} == {"device:CPU:0"}
+
+
+def test_default_devices_need_at_least_two():
+    """This test process has one CPU device and no GPU: the default placement must refuse."""
+    from kdist.layers.model_parallel import ModelParallelDense
+
+    with pytest.raises(ValueError, match="needs at least two devices"):
+        ModelParallelDense(4)

@@ -7,6 +7,7 @@ worker reported.
 
 import json
 import os
+import sys
 
 import keras
 import numpy as np
@@ -23,7 +24,7 @@ def job(tmp_path_factory):
     out = tmp_path_factory.mktemp("mwms")
     (out / "tmp").mkdir()  # the workers' TMPDIR: their private temporary files land here
     result = run_kdist(["launch", "--workers", "2", "--timeout", "300", "--",
-                        "python", "tests/programs/mwms_job.py", str(out)], timeout=330,
+                        sys.executable, "tests/programs/mwms_job.py", str(out)], timeout=330,
                        env={"TMPDIR": str(out / "tmp")})
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
     reports = {task: json.load(open(out / f"{task}.json")) for task in WORKERS}
@@ -151,7 +152,7 @@ def test_tf_servers_listen_on_their_tf_config_ports(job):
     for report in job["reports"].values():
         assert len(report["listening"]) == 1
         address, port = report["listening"][0].rsplit(":", 1)
-        assert address in ("0.0.0.0", "::", "127.0.0.1")
+        assert address in ("0.0.0.0", "::")  # not 127.0.0.1: then the README's advice changes
 
 
 def test_kdist_adds_no_op_to_the_traced_train_step(job):

@@ -5,6 +5,7 @@ the chief trains (killing worker 1 mid-fit), the others serve and exit by themse
 """
 
 import json
+import sys
 
 import pytest
 
@@ -15,7 +16,7 @@ FAST_EXIT = {"KDIST_CHIEF_GRACE": "2"}  # servers leave 2 s after the chief is g
 
 def launch_ps_job(out, mode, extra=()):
     return run_kdist(["launch", "--spec", "cluster_specs/local-ps.json", "--timeout", "240", *extra,
-                      "--", "python", "tests/programs/ps_job.py", str(out), mode], timeout=270,
+                      "--", sys.executable, "tests/programs/ps_job.py", str(out), mode], timeout=270,
                      env=FAST_EXIT)
 
 
@@ -79,9 +80,14 @@ def test_a_dataset_built_in_the_program_trains_with_validation(trained):
     assert len(history["val_loss"]) == 3 and history["val_accuracy"][-1] > 0.6
 
 
+def test_fit_without_steps_per_epoch_is_refused_with_the_fix(trained):
+    assert "fit(steps_per_epoch=...) is required" in trained["report"]["missing_steps_per_epoch"]
+
+
 def test_a_dataset_from_a_python_generator_trains_too(trained):
     history = trained["report"]["generator_history"]
     assert len(history["loss"]) == 2 and history["examples"] == [4 * 32, 4 * 32]
+    assert history["val_examples"] == [600.0, 600.0]  # validation_data as a dataset function
 
 
 def test_gradient_compression_is_refused_with_the_reason(trained):

@@ -70,8 +70,9 @@ def test_kdist_plan_measures_t1_and_prints_the_table_and_a_plot(tmp_path):
     result = run_kdist(["plan", "--model", "examples/plan_model.py:mlp", "--per-replica-batch",
                         "16", "--replicas", "4", "--bandwidth", "10Gbit", "--latency", "50us",
                         "--compression", "powersgd:4", "--plot", str(tmp_path / "plan.png")],
-                       timeout=240)
+                       timeout=420)  # longer than measure_host_cost's own bound (300 s + 30)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "| 16 (requested)" in result.stdout and "examples/s" in result.stdout
-    assert "recommended" in result.stdout or "communication dominates" in result.stdout
+    # 10 Gbit/s is fast enough for the MLP at the largest measured batch: a recommendation
+    assert "recommended: per-replica batch" in result.stdout, result.stdout
     assert (tmp_path / "plan.png").stat().st_size > 1000

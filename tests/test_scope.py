@@ -2,6 +2,7 @@
 
 import json
 import logging
+import os
 
 import keras
 import numpy as np
@@ -92,6 +93,7 @@ def test_environment_overrides_auto(monkeypatch):
     ({"bytes_per_pack": -1}, "bytes_per_pack: -1"),
     ({"collective_timeout": 0}, "collective_timeout=0"),
     ({"devices": []}, "devices=[]"),
+    ({"dead_peer_timeout": 2}, "dead_peer_timeout=2: use a number of seconds >= 3"),
 ])
 def test_bad_options_are_rejected(options, words):
     with pytest.raises((TypeError, ValueError)) as info:
@@ -230,3 +232,77 @@ def test_uninstall_restores_keras_exactly():
         assert "kdist" not in getattr(owner, name).__code__.co_filename, name
     install_patches()
     assert all("kdist" in getattr(owner, name).__code__.co_filename for owner, name in methods)
+
+
+def assign_add_op_types():
+    import tensorflow as tf
+    from keras.src import backend
+
+    variable = backend.Variable(0.0, name="counter")
+
+    @tf.function
+    def increment():
+        variable.assign_add(1.0)
+
+    return {op.type for op in increment.get_concrete_function().graph.get_operations()}
+
+
+def test_upstream_assign_add_is_a_read_modify_write_and_kdist_makes_it_atomic(monkeypatch):
+    """Regression evidence for atomic_assign_under_parameter_server: Keras 3's assign_add reads,
+    adds and assigns (concurrent PS workers lose updates); kdist's patch emits the variable's own
+    AssignAddVariableOp, which the ps applies atomically. When upstream emits it, drop the patch."""
+    from kdist.keras_compat import fixes
+
+    patch = {w.name: w for w in keras_compat.WORKAROUNDS}["atomic_assign_under_parameter_server"]
+    patch.uninstall()
+    try:
+        upstream = assign_add_op_types()
+    finally:
+        patch.install()
+    assert {"ReadVariableOp", "AssignVariableOp"} <= upstream
+    assert "AssignAddVariableOp" not in upstream
+    monkeypatch.setattr(fixes, "is_parameter_server", lambda strategy: True)  # as under PSS
+    assert "AssignAddVariableOp" in assign_add_op_types()
+
+
+def test_ring_is_refused_under_mirrored_and_options_reach_tf():
+    with pytest.raises(ValueError, match="all_reduce='ring' is not available to MirroredStrategy"):
+        strategies.build("mirrored", kdist.cluster(), StrategyOptions(all_reduce="ring"))
+    options = StrategyOptions(all_reduce="ring", bytes_per_pack=1 << 20,
+                              collective_timeout=30).communication_options()
+    assert options.bytes_per_pack == 1 << 20 and options.timeout_seconds == 30
+    assert options.implementation.name == "RING"
+
+
+def test_compressors_by_name():
+    from kdist.compression import BF16, FP16, PowerSGD, TopK, from_name
+
+    assert isinstance(from_name("fp16"), FP16) and isinstance(from_name("bf16"), BF16)
+    assert from_name("powersgd:2").rank == 2 and isinstance(from_name("powersgd"), PowerSGD)
+    topk = from_name("topk:0.05", momentum=0.9)
+    assert isinstance(topk, TopK) and topk.ratio == 0.05 and topk.momentum == 0.9
+    with pytest.raises(ValueError, match="compression: 'gzip' is not a compressor"):
+        from_name("gzip")
+
+
+def test_a_server_whose_chief_never_comes_exits_1_after_kdist_chief_start_timeout():
+    """KDIST_CHIEF_START_TIMEOUT: a ps that never sees its chief gives up (no stuck pod)."""
+    import subprocess
+    import sys
+    import time
+
+    import portpicker
+
+    ports = [portpicker.pick_unused_port() for _ in range(3)]
+    tf_config = json.dumps({"cluster": {"chief": [f"127.0.0.1:{ports[0]}"],
+                                        "worker": [f"127.0.0.1:{ports[1]}"],
+                                        "ps": [f"127.0.0.1:{ports[2]}"]},
+                            "task": {"type": "ps", "index": 0}})
+    started = time.monotonic()
+    result = subprocess.run([sys.executable, "-c", "import kdist; kdist.serve()"],
+                            env={**os.environ, "TF_CONFIG": tf_config, "TF_CPP_MIN_LOG_LEVEL": "2",
+                                 "KDIST_CHIEF_START_TIMEOUT": "3"},
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1, result.stderr[-2000:]
+    assert "did not come up within 3s (KDIST_CHIEF_START_TIMEOUT)" in result.stderr
+    assert time.monotonic() - started < 40

@@ -3,6 +3,7 @@ its tutorial with the two kdist lines (programs/mirrored_tutorial.py, parameter_
 
 import json
 import os
+import sys
 
 from conftest import ROOT, run_kdist, run_report
 
@@ -23,7 +24,7 @@ def test_mirrored_tutorial_on_two_logical_devices(tmp_path):
 
 def test_parameter_server_tutorial_chief_two_workers_two_ps(tmp_path):
     result = run_kdist(["launch", "--chief", "--workers", "2", "--ps", "2", "--timeout", "300",
-                        "--", "python", os.path.join(PROGRAMS, "parameter_server_tutorial.py"),
+                        "--", sys.executable, os.path.join(PROGRAMS, "parameter_server_tutorial.py"),
                         str(tmp_path)], timeout=350)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     report = json.load(open(tmp_path / "chief.json"))

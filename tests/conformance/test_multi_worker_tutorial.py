@@ -3,6 +3,7 @@ two kdist lines added) on 2 real workers. See programs/multi_worker_tutorial.py.
 
 import json
 import os
+import sys
 
 import pytest
 
@@ -15,7 +16,7 @@ PROGRAM = os.path.join(ROOT, "tests", "conformance", "programs", "multi_worker_t
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp("conformance_mwms")
-    result = run_kdist(["launch", "--workers", "2", "--timeout", "400", "--", "python", PROGRAM,
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "400", "--", sys.executable, PROGRAM,
                         str(out)], timeout=450)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     return {"out": out, "reports": {t: json.load(open(out / f"{t}.json")) for t in WORKERS}}

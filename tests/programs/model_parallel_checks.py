@@ -107,6 +107,8 @@ for name, model in (("functional", functional), ("sequential", sequential)):
     loaded = keras.saving.load_model(path)
     report["saved"][name] = bool(np.array_equal(model(x).numpy(), loaded(x).numpy()))
 report["subclassed_shape"] = list(subclassed(x).shape)
+report["subclassed_vs_dense"] = float(np.abs(subclassed(x).numpy()
+                                             - subclassed.split.to_dense()(x).numpy()).max())
 
 # Trains with fit.
 y = (x.sum(1, keepdims=True) > 0).astype("float32")
@@ -116,7 +118,7 @@ report["fit_loss"] = history["loss"]
 
 # Clear errors.
 errors = {}
-for name, make in {"one_device_default": lambda: ModelParallelDense(4, devices=["/cpu:9"]),
+for name, make in {"missing_device": lambda: ModelParallelDense(4, devices=["/cpu:9"]),
                    "bad_partition": lambda: ModelParallelDense(4, devices=DEVICES, partition="x"),
                    "too_many_devices": lambda: ModelParallelDense(2, devices=DEVICES)}.items():
     try:

@@ -85,7 +85,8 @@ def devices(model):
 
 if mode == "train":
     model = make_model()
-    early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=1)
+    # patience 3 > epochs: asynchronous SGD may raise val_loss for an epoch; the callback still runs
+    early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=3)
     history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS,
                         validation_data=(x, y), callbacks=[
                             KillAtEpoch("worker", 1, epoch=1), early_stopping,
@@ -128,7 +129,8 @@ if mode == "train":
         report["compression_refused"] = str(err)
     report["embedding_devices"] = devices(embedding_model)
     # The most common input: a tf.data.Dataset built right here from arrays, validation too.
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).repeat().batch(BATCH)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).shuffle(len(x)).repeat() \
+        .map(lambda features, label: (features * 1.0, label)).batch(BATCH)
     validation = tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
     dataset_model = make_model()
     report["dataset_history"] = dataset_model.fit(dataset, epochs=3, steps_per_epoch=STEPS,
@@ -140,8 +142,14 @@ if mode == "train":
     generator_dataset = tf.data.Dataset.from_generator(
         generated, output_signature=(tf.TensorSpec((None, 8), tf.float32),
                                      tf.TensorSpec((None,), tf.int32)))
-    report["generator_history"] = make_model().fit(generator_dataset, epochs=2, steps_per_epoch=4,
-                                                   verbose=0).history
+    try:
+        make_model().fit(x, y, batch_size=BATCH, epochs=1, verbose=0)  # no steps_per_epoch
+    except ValueError as err:
+        report["missing_steps_per_epoch"] = str(err)
+    report["generator_history"] = make_model().fit(
+        generator_dataset, epochs=2, steps_per_epoch=4, verbose=0,
+        validation_data=lambda context: tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
+    ).history
 else:
     model = make_model()
     backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))

@@ -3,8 +3,9 @@
 TASK is e.g. `worker:1` or `*`, optionally with `@R` to apply on restart R only (`worker:1@0`,
 from KDIST_RESTART_COUNT); ACTION is `exitN` (exit with code N), `exitN@S` (the same after S
 seconds), `sleep` (serve forever, like a ps), `print` (print TF_CONFIG and exit 0) or `waitN` (sleep N
-seconds, exit 0). Writes its pid to
-PID_DIR/<task>.pid first.
+seconds, exit 0). Writes its pid to PID_DIR/<task>.pid first; an exit or wait starts only once
+every task of the cluster has written its pid (so a test never races a task that has not
+started yet on a busy machine).
 """
 
 import json
@@ -18,15 +19,28 @@ pid_dir, rules = sys.argv[1], dict(rule.split("=", 1) for rule in sys.argv[2:])
 with open(os.path.join(pid_dir, f"{task}.pid"), "w") as f:
     f.write(str(os.getpid()))
 restart = os.environ.get("KDIST_RESTART_COUNT", "unset")
+
+
+def wait_for_every_task(seconds=60):
+    expected = sum(len(addresses) for addresses in config["cluster"].values())
+    deadline = time.monotonic() + seconds
+    while len([n for n in os.listdir(pid_dir) if n.endswith(".pid")]) < expected:
+        if time.monotonic() > deadline:
+            sys.exit(f"task.py: not every task started within {seconds} s")
+        time.sleep(0.05)
+
+
 action = rules.get(f"{task}@{restart}", rules.get(task, rules.get("*", "print")))
 print(f"task {task} does {action} on restart {restart}")
 if action == "print":
     print(json.dumps(config))
 elif action.startswith("exit"):
+    wait_for_every_task()
     code, _, delay = action[4:].partition("@")
     time.sleep(float(delay or 0))
     sys.exit(int(code))
 elif action.startswith("wait"):
+    wait_for_every_task()
     time.sleep(float(action[4:]))
 elif action == "sleep":
     while True:
