@@ -86,9 +86,9 @@ def _build_or_reuse(requested: str, options: dict):
     if key not in _built:
         if _eager and name == "multi_worker":
             raise RuntimeError(_rebuild_refused(options, spec))
-        install_patches()
-        _building = True
+        _building = True  # TF's first op may run in here: it must not build another strategy
         try:
+            install_patches()
             _built[key] = strategies.build(name, spec, opts)
         finally:
             _building = False
