@@ -145,8 +145,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_end(self, logs=None):
         self._close_sigterm()
-        if cluster_of_model(self.model).is_chief:
-            super().on_train_end(logs)
+        super().on_train_end(logs)  # Keras's, made chief-only by kdist.keras_compat.callbacks
 
     def _close_sigterm(self):
         if self._sigterm is not None:

@@ -16,7 +16,8 @@ It acts only on models kdist is responsible for, and decides in one place, in th
 
 >>> from kdist import fit_dispatch
 >>> fit_dispatch.install()
->>> fit_dispatch.installed()
+>>> from keras.src.backend.tensorflow import trainer
+>>> "kdist" in trainer.TensorFlowTrainer.fit.__code__.co_filename
 True
 """
 
@@ -87,10 +88,6 @@ def install() -> None:
     _installed.extend(registry.replace(trainer.TensorFlowTrainer, name,
                                        functools.partial(_dispatching, name))
                       for name in METHODS)
-
-
-def installed() -> bool:
-    return bool(_installed)
 
 
 def uninstall() -> None:
