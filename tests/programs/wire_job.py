@@ -1,6 +1,6 @@
 """Bytes on the wire and accuracy per compressor, 2 MultiWorkerMirrored workers on loopback.
 
-Run by tests/test_compression_wire.py (and benchmarks/compression.py) as
+Run by tests/test_compression_wire.py (and benchmarks/compression_wire.py) as
 `kdist launch --workers 2 -- python tests/programs/wire_job.py OUT [STEPS] [EPOCHS]`. Worker 0
 writes OUT/wire.json: loopback bytes per training step of the 784-1024-1024-10 MLP (read from
 /proc/net/dev, which counts every packet between the two local workers once), and test accuracy
