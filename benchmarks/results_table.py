@@ -46,7 +46,9 @@ def _commit() -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "HEAD") or "unknown"
-    dirty = git("status", "--porcelain", "--untracked-files=no")
+    # Saved results and the README they feed are not what is measured.
+    dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
+                ":!benchmarks/results", ":!README.md")
     return commit + ("+uncommitted changes" if dirty else "")
 
 
