@@ -31,7 +31,6 @@ import results_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 NEEDED_UNDER_MWMS = ("symbolic_build_without_collective", "scalar_metric_reduce")
 PREEMPTION = ("MWMS, kdist with BackupAndRestore(save_before_preemption=True) in the kdist column "

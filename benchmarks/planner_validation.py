@@ -24,7 +24,6 @@ import results_table
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "examples"))
 HOSTS = ["worker-0.plan.test", "worker-1.plan.test"]
 PORT = 2222
