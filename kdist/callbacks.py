@@ -27,7 +27,7 @@ import sys
 import keras
 
 from kdist import exit_codes, keras_compat
-from kdist.keras_compat import registry
+from kdist.keras_compat import internals, registry
 from kdist.keras_compat.callbacks import BACKUP_PATHS, cluster_of_model, private_paths
 
 keras_compat.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
@@ -72,7 +72,13 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
                  delete_checkpoint=True, save_before_preemption=False):
-        super().__init__(backup_dir, save_freq, double_checkpoint, delete_checkpoint)
+        has_double_checkpoint = internals.for_running_keras(internals.BACKUP_HAS_DOUBLE_CHECKPOINT)
+        if double_checkpoint and not has_double_checkpoint:
+            raise ValueError(f"double_checkpoint=True needs Keras >= 3.7 (this is Keras "
+                             f"{keras.__version__}): upgrade Keras or drop double_checkpoint")
+        super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint,
+                         **({"double_checkpoint": True} if double_checkpoint else {}))
+        self.double_checkpoint = double_checkpoint
         if isinstance(save_freq, bool) or (isinstance(save_freq, int) and save_freq < 1):
             raise ValueError(f"save_freq={save_freq!r}: use 'epoch' or a positive number of steps")
         self.save_before_preemption = save_before_preemption

@@ -152,6 +152,9 @@ def _parser() -> argparse.ArgumentParser:
                       help="the batch your learning rate was tuned at (default: --per-replica-batch)")
     plan.add_argument("--plot", help="write a PNG of t1, t2 and step time against the batch")
 
+    commands.add_parser("doctor", help="print the TensorFlow/Keras versions, whether kdist "
+                                       "supports them, and the workarounds it installs")
+
     exec_ = commands.add_parser("exec", help="in a pod: set TF_CONFIG from JOB_COMPLETION_INDEX, "
                                              "then run the command")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
@@ -297,7 +300,15 @@ def _launch(args) -> int:
     return launcher.run()
 
 
-_VERBS = {"validate": _validate, "tf-config": _tf_config, "k8s": _k8s, "plan": _plan,
+def _doctor(args) -> int:
+    from kdist.keras_compat.doctor import report
+
+    lines, supported = report()
+    print("\n".join(lines))
+    return 0 if supported else 1
+
+
+_VERBS = {"doctor": _doctor, "validate": _validate, "tf-config": _tf_config, "k8s": _k8s, "plan": _plan,
           "exec": _exec, "launch": _launch}
 
 

@@ -11,6 +11,8 @@ It acts only on models kdist is responsible for, and decides in one place, in th
    (`kdist.compression.keras_hook.PhaseCallback`) in `fit`;
 4. XLA: `jit_compile=True` with several replicas on CPU devices is refused with the reason
    (TensorFlow cannot compile the all-reduce there) instead of failing inside the first step;
+   so is `steps_per_execution > 1` with several replicas on Keras <= 3.6 (its unrolled steps abort
+   the all-reduce at the end of an epoch; `kdist.keras_compat.internals`);
 5. parameter-server training: under ParameterServerStrategy the call runs kdist's ClusterCoordinator
    loop (`kdist.ps.training`; Keras 3 has none: keras-team/keras#18624); otherwise Keras's own.
 
@@ -49,6 +51,8 @@ def _dispatching(name: str, original):
             bound.arguments["verbose"] = 0
         if name == "fit" and strategy is not None and model.jit_compile is True:
             _check_xla(strategy)
+        if name == "fit" and strategy is not None and model.steps_per_execution > 1:
+            _check_steps_per_execution(strategy, model.steps_per_execution)
         if name == "fit" and keras_hook.binding(model) is not None:
             callbacks = bound.arguments.get("callbacks") or []
             bound.arguments["callbacks"] = [keras_hook.PhaseCallback(model.optimizer), *callbacks]
@@ -71,6 +75,20 @@ def _check_xla(strategy) -> None:
             f"compile(jit_compile=True) with {strategy.num_replicas_in_sync} replicas on CPU "
             "devices: TensorFlow's XLA cannot compile the gradient all-reduce on CPU "
             "(b/194942685). Use jit_compile=False, or 'auto' (Keras then leaves XLA off on CPU)")
+
+
+def _check_steps_per_execution(strategy, steps_per_execution: int) -> None:
+    import keras
+
+    from kdist.keras_compat import internals
+
+    safe = internals.for_running_keras(internals.STEPS_PER_EXECUTION_SAFE_WITH_REPLICAS)
+    if strategy.num_replicas_in_sync > 1 and not safe:
+        raise ValueError(
+            f"compile(steps_per_execution={steps_per_execution}) with "
+            f"{strategy.num_replicas_in_sync} replicas on Keras {keras.__version__}: Keras <= 3.6 "
+            "aborts the gradient all-reduce when an epoch ends inside an execution. Use "
+            "steps_per_execution=1, or Keras >= 3.7")
 
 
 def install() -> None:

@@ -36,11 +36,7 @@ def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
     from tensorflow.python.distribute import multi_worker_util
     from tensorflow.python.eager import context
 
-    try:
-        from tensorflow.compiler.xla.tsl.protobuf import coordination_config_pb2 as config_pb2
-    except ImportError:  # moved upstream: say so rather than silently not tuning
-        raise RuntimeError("dead_peer_timeout: kdist cannot find TensorFlow's coordination service "
-                           "config in this TensorFlow; report it to kdist with your TF version")
+    config_pb2 = _coordination_config_module()
     runtime = context.context()
     if runtime.coordination_service is not None or cluster.task_type not in ("chief", "worker"):
         return
@@ -52,6 +48,27 @@ def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
         service_leader=multi_worker_util.coordination_leader(cluster_spec),
         coordinated_jobs=jobs,
         heartbeat_timeout_in_ms=int(heartbeat_timeout(dead_peer_timeout) * 1000))
+
+
+# Where TensorFlow keeps the coordination service's config proto: under tensorflow/compiler/xla/tsl
+# in TF 2.19-2.21, under tensorflow/tsl in TF 2.17 (both checked by the version matrix).
+_COORDINATION_CONFIG_MODULES = ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2",
+                                "tensorflow.tsl.protobuf.coordination_config_pb2")
+
+
+def _coordination_config_module():
+    import importlib
+
+    for name in _COORDINATION_CONFIG_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    import tensorflow as tf  # moved again upstream: say so rather than silently not tuning
+
+    raise RuntimeError(f"dead_peer_timeout: kdist cannot find TensorFlow {tf.__version__}'s "
+                       f"coordination service config (looked for {', '.join(_COORDINATION_CONFIG_MODULES)})"
+                       "; report it to kdist with your TF version")
 
 
 def is_multi_worker(strategy) -> bool:

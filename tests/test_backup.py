@@ -9,6 +9,8 @@ import pytest
 
 import kdist
 
+pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
+
 X = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
 Y = X.sum(axis=1, keepdims=True)
 
@@ -51,6 +53,10 @@ def test_a_save_that_dies_half_way_leaves_the_previous_backup_whole(tmp_path):
 
 
 def test_double_checkpoint_recovers_from_a_corrupted_latest_backup(tmp_path):
+    if tuple(int(n) for n in keras.__version__.split(".")[:2]) < (3, 7):  # Keras added it in 3.7
+        with pytest.raises(ValueError, match=r"double_checkpoint=True needs Keras >= 3.7"):
+            kdist.callbacks.BackupAndRestore(str(tmp_path), double_checkpoint=True)
+        return
     backup_dir = tmp_path / "backup"
     first = new_model()
     fit(first, kdist.callbacks.BackupAndRestore(str(backup_dir), double_checkpoint=True,

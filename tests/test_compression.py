@@ -4,6 +4,8 @@ import pytest
 
 from conftest import run_report
 
+pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
+
 
 @pytest.fixture(scope="module")
 def report():
@@ -51,7 +53,12 @@ def test_start_step_warm_up_is_uncompressed_then_compression_starts(report):
 def test_error_feedback_residuals_and_q_are_checkpointed(report):
     assert report["state_shapes"] == {"residual": [[32, 48]], "q": [[48, 2]]}
     assert report["residual_nonzero"] is True
-    assert report["state_restored"] is True
+    assert report["state_restored"] is True  # save_weights / load_weights
+
+
+def test_compressor_state_comes_back_through_the_stock_callbacks(report):
+    assert report["state_restored_model_checkpoint"] is True  # ModelCheckpoint(.keras) + load_model
+    assert report["state_restored_backup_and_restore"] is True
 
 
 def test_any_keras_optimizer_trains_with_every_compressor(report):

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from conftest import PROGRAMS, QUIET_TF, ROOT, run_kdist, run_python
+from conftest import PROGRAMS, QUIET_TF, ROOT, run_kdist, run_python, scaled
 from kdist.cluster import ClusterSpec
 
 FAULT_JOB = os.path.join(PROGRAMS, "fault_job.py")
@@ -97,7 +97,7 @@ def test_a_hung_peer_makes_the_survivor_fail_within_dead_peer_timeout(tmp_path, 
         env={**os.environ, **QUIET_TF, "TF_CONFIG": spec.tf_config_json("worker", i)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
     try:
-        output = tasks[0].communicate(timeout=180)[0]
+        output = tasks[0].communicate(timeout=scaled(180))[0]
         exited = time.time()
     finally:
         for task in tasks:

@@ -10,7 +10,7 @@ import time
 import psutil
 import pytest
 
-from conftest import ROOT, run_kdist
+from conftest import ROOT, run_kdist, scaled
 
 TASK = os.path.join(ROOT, "tests", "programs", "task.py")
 
@@ -118,7 +118,7 @@ def test_signal_to_the_launcher_cleans_up_every_child(tmp_path, sig):
     try:
         wait_for_pids(tmp_path, 2)
         launcher.send_signal(sig)
-        output, _ = launcher.communicate(timeout=30)
+        output, _ = launcher.communicate(timeout=scaled(30))
     finally:
         launcher.kill()
     assert launcher.returncode == 128 + sig, output
@@ -132,7 +132,7 @@ def test_children_die_with_a_killed_launcher(tmp_path):
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     wait_for_pids(tmp_path, 2)
     launcher.kill()  # SIGKILL: no handler runs; the kernel's parent-death signal must do the job
-    launcher.wait(timeout=10)
+    launcher.wait(timeout=scaled(10))
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids(tmp_path).values()):
         time.sleep(0.1)
@@ -242,7 +242,7 @@ def test_private_network_ports_cannot_be_reached_from_outside(tmp_path):
         assert written, "no task listened"
         with pytest.raises(ConnectionRefusedError):
             socket.create_connection(("127.0.0.1", written[0]), timeout=5).close()
-        output, _ = launcher.communicate(timeout=60)
+        output, _ = launcher.communicate(timeout=scaled(60))
     finally:
         launcher.kill()
         launcher.wait()

@@ -1,13 +1,23 @@
 """MirroredStrategy over logical CPU devices: the synchronous-SGD claim, checked numerically."""
 
+import functools
+
 import pytest
 
 from conftest import run_report
 
+pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
+
+
+@functools.lru_cache(maxsize=None)
+def equivalence(replicas):
+    """One fresh process per replica count (the CPU is split before TF starts), shared by tests."""
+    return run_report(["tests/programs/mirrored_equivalence.py", str(replicas)], timeout=240)
+
 
 @pytest.mark.parametrize("replicas", [2, 4])
 def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
-    report = run_report(["tests/programs/mirrored_equivalence.py", str(replicas)], timeout=240)
+    report = equivalence(replicas)
     assert report["strategy"] == "MirroredStrategy" and report["replicas"] == replicas
     assert report["variable_type"] == "MirroredVariable"
     assert report["global_batch"] == 8 * replicas
@@ -16,8 +26,30 @@ def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
     assert report["loss"] == pytest.approx(report["reference_loss"], rel=1e-5)
     assert report["loss"][1] < report["loss"][0]
     assert report["bare_scope_replicas"] == replicas  # regression: it silently became 1
-    # steps_per_execution=3 trains exactly like 1
-    assert report["spe3_iterations"] == 10  # 2 epochs x 5 batches: the partial last execution too
-    assert report["spe3_max_weight_diff"] < 1e-6
-    # Upstream (the workaround uninstalled): keras-team/keras#19246. Fixed upstream: drop it.
-    assert "while/cond/Placeholder" in report["spe3_upstream_error"]
+    keras_from_3_7 = tuple(int(n) for n in report["keras"].split(".")[:2]) >= (3, 7)
+    if keras_from_3_7:
+        # steps_per_execution=3 trains exactly like 1
+        assert report["spe3_refused"] is None
+        assert report["spe3_iterations"] == 10  # 2 epochs x 5 batches: the partial execution too
+        assert report["spe3_max_weight_diff"] < 1e-6
+    else:  # Keras <= 3.6 aborts the all-reduce at the end of an epoch: refused before it starts
+        assert "Keras <= 3.6 aborts the gradient all-reduce" in report["spe3_refused"]
+    # Upstream (the workaround uninstalled): keras-team/keras#19246, from Keras 3.7 (its
+    # tf.while_loop); Keras <= 3.6 unrolls the steps and works as shipped.
+    assert report["spe3_fix_active"] is keras_from_3_7
+    if keras_from_3_7:
+        assert "while/cond/Placeholder" in report["spe3_upstream_error"]
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
+def test_loss_scaling_bug_upstream_on_keras_before_3_8_only(replicas):
+    """keras-team/keras#19891: without kdist's workaround, Keras < 3.8 applies N times the update
+    (the per-replica gradients of the mean loss are summed); Keras >= 3.8 scales it itself."""
+    report = equivalence(replicas)
+    keras_before_3_8 = tuple(int(n) for n in report["keras"].split(".")[:2]) < (3, 8)
+    assert report["loss_scaling_fix_active"] is keras_before_3_8
+    if keras_before_3_8:
+        assert report["unscaled_max_weight_diff"] > 1e-2  # the bug, upstream
+    else:
+        assert report["unscaled_max_weight_diff"] < 1e-5  # fixed upstream: kdist adds nothing
+    assert report["max_weight_diff"] < 1e-5  # with kdist: exact on every version

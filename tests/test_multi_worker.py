@@ -5,6 +5,7 @@ callbacks and the regression evidence for every Keras workaround; the tests belo
 worker reported.
 """
 
+import importlib.metadata
 import json
 import os
 import sys
@@ -15,6 +16,8 @@ import pytest
 
 from conftest import run_kdist
 from kdist import keras_compat
+
+pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 WORKERS = ("worker:0", "worker:1")
 
@@ -59,6 +62,17 @@ def test_evaluate_counts_every_example_once(job):
         assert report["evaluate"]["loss"] == pytest.approx(report["reference_loss"], rel=1e-5)
 
 
+def test_metric_sync_bug_upstream_on_keras_before_3_10_only(job):
+    """keras-team/keras#21061: without kdist's workaround, Keras < 3.10 does not combine metric
+    variables across workers (evaluate is off); Keras >= 3.10 does it itself."""
+    for report in job["reports"].values():
+        before_3_10 = tuple(int(n) for n in report["keras"].split(".")[:2]) < (3, 10)
+        assert report["metric_fix_active"] is before_3_10
+        upstream_exact = report["unsynced_evaluate"]["accuracy"] == pytest.approx(
+            report["reference_accuracy"], abs=1e-6)
+        assert upstream_exact is not before_3_10
+
+
 def test_predict_returns_rows_in_input_order(job):
     assert both(job, "predict_rows") == [203, 203]
     assert max(both(job, "predict_numpy_max_diff") + both(job, "predict_dataset_max_diff")) < 1e-5
@@ -86,7 +100,8 @@ def test_upstream_bugs_still_need_the_workarounds(job):
     for report in job["reports"].values():
         assert "Attempt to convert a value (PerReplica" in report["unpatched_fit_error"]
         assert "Invalid reduction dimension 0" in report["only_build_patched_fit_error"]
-        assert report["workarounds"] == [w.name for w in keras_compat.WORKAROUNDS]
+        assert report["workarounds"] == [w.name for w in keras_compat.WORKAROUNDS if w.applies(
+            importlib.metadata.version("keras"), importlib.metadata.version("tensorflow"))]
 
 
 def test_only_the_chief_prints_the_progress_bar(job):

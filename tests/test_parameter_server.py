@@ -11,6 +11,8 @@ import pytest
 
 from conftest import run_kdist
 
+pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
+
 FAST_EXIT = {"KDIST_CHIEF_GRACE": "2"}  # servers leave 2 s after the chief is gone
 
 
@@ -82,6 +84,16 @@ def test_a_dataset_built_in_the_program_trains_with_validation(trained):
 
 def test_fit_without_steps_per_epoch_is_refused_with_the_fix(trained):
     assert "fit(steps_per_epoch=...) is required" in trained["report"]["missing_steps_per_epoch"]
+
+
+def test_variable_partitioner_is_refused_by_fit_with_the_fix(tmp_path):
+    result = launch_ps_job(tmp_path, "sharded")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    report = json.load(open(tmp_path / "sharded.json"))
+    assert report["sharded_kernels"] >= 1  # the partitioner really made ShardedVariables
+    assert "is a ShardedVariable (from variable_partitioner)" in report["sharded_refused"]
+    assert "kdist.layers.PartitionedDense" in report["sharded_refused"]
+    assert report["iterations"] == 0  # refused before any step
 
 
 def test_a_dataset_from_a_python_generator_trains_too(trained):

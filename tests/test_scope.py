@@ -205,12 +205,21 @@ def test_loaded_models_are_still_compiled_with_the_patches_installed(tmp_path):
 
 
 def test_workarounds_are_gated_on_the_versions_they_target():
+    tf_version = __import__("tensorflow").__version__
     for workaround in keras_compat.WORKAROUNDS:
         assert workaround.upstream and workaround.keras_versions and workaround.tf_versions
-        assert workaround.applies(keras.__version__, __import__("tensorflow").__version__)
+        # on the running stack: installed, or known not needed (fixed upstream / not yet broken)
+        assert workaround.applies(keras.__version__, tf_version) != \
+            workaround.not_needed(keras.__version__)
         assert not workaround.applies("3.16.0", "2.21.0")
         assert not workaround.applies("3.15.1", "2.22.0")
         assert not workaround.applies("2.15.0", "2.21.0")
+    fixed = {w.name: w for w in keras_compat.WORKAROUNDS}
+    assert fixed["loss_scaled_per_replica"].applies("3.7.0", "2.17.1")
+    assert fixed["loss_scaled_per_replica"].not_needed("3.8.0")  # keras-team/keras#20609
+    assert fixed["metric_variables_synced_on_read"].applies("3.9.2", "2.19.1")
+    assert fixed["metric_variables_synced_on_read"].not_needed("3.10.0")  # keras-team/keras#21072
+    assert fixed["steps_per_execution_under_mirrored"].not_needed("3.6.0")  # no while_loop yet
 
 
 def test_uninstall_restores_keras_exactly():

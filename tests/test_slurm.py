@@ -8,7 +8,7 @@ import sys
 import portpicker
 import pytest
 
-from conftest import QUIET_TF, ROOT
+from conftest import QUIET_TF, ROOT, scaled
 from kdist import ClusterSpecError, cluster
 from kdist.cluster.slurm import in_slurm_step
 
@@ -87,7 +87,7 @@ def test_a_two_task_step_trains_the_example_with_multi_worker_mirrored():
                               env={**base, **QUIET_TF, **step, "SLURM_PROCID": str(rank)})
              for rank in range(2)]
     try:
-        outputs = [task.communicate(timeout=180)[0] for task in tasks]
+        outputs = [task.communicate(timeout=scaled(180))[0] for task in tasks]
     finally:
         for task in tasks:
             task.kill()

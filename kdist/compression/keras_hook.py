@@ -29,7 +29,7 @@ import keras
 
 from kdist import validators
 from kdist.compression.base import Comm, Compressor, NoCompression, _numel
-from kdist.keras_compat import registry
+from kdist.keras_compat import internals, registry
 
 # What compile() inside `kdist.scope(compression=...)` binds: (compressor, aggregate_every).
 _active = contextvars.ContextVar("kdist_compression", default=(None, 1))
@@ -87,12 +87,12 @@ class Binding:
             if self.aggregate_every > 1:
                 spec["accumulator"] = (tuple(variable.shape), "zeros")
             state = {}
-            with backend.name_scope(optimizer.name, caller=optimizer):
+            with backend.name_scope(optimizer.name, caller=optimizer), \
+                    internals.per_replica_variables("mean"):
                 for name, (shape, initializer) in spec.items():
                     state[name] = backend.Variable(
                         initializer=keras.initializers.get(initializer), shape=shape,
                         dtype=variable.dtype, trainable=False, aggregation="mean",
-                        synchronization="on_read",
                         name=f"{variable.path.replace('/', '_')}_kdist_{name}")
                     optimizer._track_variable(state[name])
             self.states[optimizer._var_key(variable)] = state

@@ -27,7 +27,7 @@ import shutil
 import tempfile
 
 from kdist.cluster.spec import ClusterSpec
-from kdist.keras_compat import registry
+from kdist.keras_compat import internals, registry
 
 BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
                 "_prev_training_metadata_path")  # the last two: Keras >= 3.7
@@ -94,7 +94,7 @@ def _backup_restore(original):
     def on_train_begin(self, logs=None):
         if is_chief(self):
             return original(self, logs)
-        self._load_model()  # read the chief's backup; repairing it is the chief's job
+        internals.read_backup(self, original, logs)  # repairing the backup is the chief's job
 
     return on_train_begin
 

@@ -12,7 +12,7 @@ import functools
 import json
 import zlib
 
-from kdist.keras_compat import registry
+from kdist.keras_compat import internals, registry
 from kdist.keras_compat.callbacks import patch_file_callbacks
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
 
@@ -34,7 +34,7 @@ def _patch_symbolic_build():
             if self._distribute_strategy is None or iterator is None:
                 return original(self, iterator=iterator, data_batch=data_batch)
             strategy = self.distribute_strategy
-            for _, _, it in iterator:
+            for it in internals.epoch_iterators(iterator):
                 batch = next(it)
                 data_batch = tree.map_structure(
                     lambda v: (strategy.experimental_local_results(v)[0]
@@ -166,7 +166,8 @@ def _patch_atomic_assign():
 # 5. `steps_per_execution > 1` under Mirrored and MultiWorkerMirrored: Keras runs each execution's
 #    steps in a `tf.while_loop` whose body calls the distributed step inside a `tf.cond`; TF then
 #    fails with "You must feed a value for placeholder tensor '...while/cond/Placeholder...'"
-#    (keras-team/keras#19246). Under those strategies kdist keeps Keras's loop but takes the step
+#    (keras-team/keras#19246; Keras <= 3.6 unrolled the steps in Python and has no such loop).
+#    Under those strategies kdist keeps Keras's loop but takes the step
 #    out of the cond: the loop's condition checks that a next batch exists, the body runs the step
 #    on it and (a cond over the iterator only) fetches the one after while steps remain. The first
 #    batch is read with `get_next()`: at the end of the data its OutOfRangeError ends the epoch,
@@ -218,18 +219,86 @@ def _patch_steps_per_execution():
     return [registry.replace(trainer.TensorFlowTrainer, "_make_function", make)]
 
 
+# ----------------------------------------------------------------------------------------------
+# 6. Keras < 3.8 does not scale the loss for distribution: each replica's gradient is that of its
+#    mean loss, tf.distribute sums them across replicas, so every update is N times too large with
+#    N replicas (keras-team/keras#19891, fixed in Keras 3.8 by keras-team/keras#20609). kdist
+#    divides the loss by the replicas in sync where the stock train_step turns it into gradients,
+#    `optimizer.scale_loss` (also LossScaleOptimizer's); the logged loss is unchanged.
+def _patch_loss_scaling():
+    import tensorflow as tf
+    from keras.src.optimizers import base_optimizer, loss_scale_optimizer
+
+    def make(original):
+        @functools.wraps(original)
+        def scale_loss(self, loss):
+            loss = original(self, loss)
+            replicas = tf.distribute.get_strategy().num_replicas_in_sync
+            return loss if replicas == 1 else loss * (1.0 / replicas)
+
+        return scale_loss
+
+    return [registry.replace(owner, "scale_loss", make)
+            for owner in (base_optimizer.BaseOptimizer, loss_scale_optimizer.LossScaleOptimizer)]
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Keras < 3.10 creates metric variables as ordinary (mirrored) variables: each worker keeps its
+#    own counts, so two MWMS workers log different losses and `evaluate` reports one worker's
+#    share of the data (keras-team/keras#21061; Keras 3.10 creates them synchronised on read,
+#    keras-team/keras#21072).
+#    kdist creates them per replica and combined on read, with the metric's own aggregation, also
+#    when Keras defers creating the tf.Variable (compiled metrics are built in a stateless scope).
+def _patch_metric_variables():
+    from keras.src.backend.tensorflow import core
+    from keras.src.metrics import metric
+
+    def make_add_variable(original):
+        @functools.wraps(original)
+        def add_variable(self, shape, initializer, dtype=None, aggregation="sum", name=None):
+            combine = aggregation if aggregation in ("sum", "mean") else "sum"
+            with internals.per_replica_variables(combine):
+                variable = original(self, shape, initializer, dtype=dtype,
+                                    aggregation=aggregation, name=name)
+            variable._kdist_on_read = combine  # for a deferred creation, below
+            return variable
+
+        return add_variable
+
+    def make_initialize(original):
+        @functools.wraps(original)
+        def initialize(self, value_or_initializer):
+            combine = getattr(self, "_kdist_on_read", None)
+            if combine is None:
+                return original(self, value_or_initializer)
+            with internals.per_replica_variables(combine):
+                return original(self, value_or_initializer)
+
+        return initialize
+
+    # Where the TF backend creates the tf.Variable: both methods in Keras <= 3.9.
+    return [registry.replace(metric.Metric, "add_variable", make_add_variable)] + [
+        registry.replace(core.Variable, name, make_initialize)
+        for name in ("_initialize", "_initialize_with_initializer") if name in vars(core.Variable)]
+
+
 WORKAROUNDS = [
     registry.Workaround("symbolic_build_without_collective",
                         "keras-team/keras#20585, keras-team/keras#20329, tensorflow/tensorflow#72388",
                         _patch_symbolic_build),
     registry.Workaround("scalar_metric_reduce", "keras-team/keras#20585", _patch_scalar_reduce),
-    registry.Workaround("consistent_array_shuffle", "none filed; described above (kdist)",
+    registry.Workaround("consistent_array_shuffle", "none filed; see kdist/keras_compat/fixes.py",
                         _patch_array_shuffle),
-    registry.Workaround("atomic_assign_under_parameter_server", "none filed; described above (kdist)",
+    registry.Workaround("atomic_assign_under_parameter_server", "none filed; see kdist/keras_compat/fixes.py",
                         _patch_atomic_assign),
     registry.Workaround("steps_per_execution_under_mirrored", "keras-team/keras#19246",
-                        _patch_steps_per_execution),
+                        _patch_steps_per_execution, keras_versions=("3.7.0", registry.KERAS_RANGE[1])),
+    registry.Workaround("loss_scaled_per_replica", "keras-team/keras#19891", _patch_loss_scaling,
+                        keras_versions=("3.5.0", "3.7.99"), fixed_in="3.8.0"),
+    registry.Workaround("metric_variables_synced_on_read", "keras-team/keras#21061",
+                        _patch_metric_variables, keras_versions=("3.5.0", "3.9.99"),
+                        fixed_in="3.10.0"),
     registry.Workaround("multi_worker_file_callbacks",
-                        "none filed (tf-keras had it); described in kdist/keras_compat/callbacks.py",
+                        "none filed (tf-keras had it); see kdist/keras_compat/callbacks.py",
                         patch_file_callbacks),
 ]

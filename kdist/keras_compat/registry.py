@@ -22,9 +22,44 @@ from typing import Callable
 
 logger = logging.getLogger("kdist")
 
-# The versions the patches are written for (one range for all; setup.cfg pins the tested subset).
-KERAS_RANGE = ("3.0.0", "3.15.99")
-TF_RANGE = ("2.16.0", "2.21.99")
+# The versions kdist supports: each workaround gates itself inside them, and the version matrix
+# (`.ci/compat`, README "Supported TensorFlow and Keras") tests stacks across them. setup.cfg
+# declares the same range.
+KERAS_RANGE = ("3.5.0", "3.15.99")
+TF_RANGE = ("2.17.0", "2.21.99")
+
+
+class UnsupportedVersion(RuntimeError):
+    """The running Keras or TensorFlow is older than the oldest release kdist is correct on."""
+
+
+def check_supported(keras_version: str, tf_version: str) -> None:
+    """Refuses a Keras/TF older than the supported range, naming the oldest that works; a newer
+    one is allowed with a warning (untested, not known to be wrong).
+
+    >>> check_supported("3.4.1", "2.21.0")
+    Traceback (most recent call last):
+    ...
+    kdist.keras_compat.registry.UnsupportedVersion: Keras 3.4.1 is older than the oldest Keras kdist supports, 3.5.0: pip install "keras>=3.5,<3.16"
+    """
+    for name, running, (low, high), pin in (("Keras", keras_version, KERAS_RANGE, "keras"),
+                                            ("TensorFlow", tf_version, TF_RANGE, "tensorflow")):
+        if version(running) < version(low):
+            raise UnsupportedVersion(
+                f"{name} {running} is older than the oldest {name} kdist supports, {low}: "
+                f'pip install "{pin}>={_minor(low)},<{_next_minor(high)}"')
+        if version(running) > version(high):
+            logger.warning("kdist: %s %s is newer than the newest kdist was tested with (%s); run "
+                           "`kdist doctor` and kdist's test suite to check it", name, running, high)
+
+
+def _minor(text: str) -> str:
+    return ".".join(str(n) for n in version(text)[:2])
+
+
+def _next_minor(text: str) -> str:
+    major, minor, _ = version(text)
+    return f"{major}.{minor + 1}"
 
 
 def version(text: str) -> tuple[int, int, int]:
@@ -46,8 +81,16 @@ class Workaround:
     patch: Callable[[], list[tuple[object, str, object]]]  # installs, returns (owner, attr, original)
     keras_versions: tuple[str, str] = KERAS_RANGE  # inclusive range the patch is written for
     tf_versions: tuple[str, str] = TF_RANGE  # inclusive range it was checked with
+    fixed_in: str | None = None  # the Keras release that fixed the bug upstream, where one did
     active: bool = False
     _originals: list = dataclasses.field(default_factory=list, repr=False)
+
+    def not_needed(self, keras_version: str) -> bool:
+        """True where the bug is known absent: before the Keras release that brought it (the
+        range's start), or from the one that fixed it (`fixed_in`)."""
+        running = version(keras_version)
+        return running < version(self.keras_versions[0]) or (
+            self.fixed_in is not None and running >= version(self.fixed_in))
 
     def applies(self, keras_version: str, tf_version: str) -> bool:
         return in_range(keras_version, self.keras_versions) and in_range(tf_version, self.tf_versions)
@@ -87,11 +130,15 @@ def install_all(workarounds: list[Workaround]) -> list[str]:
     import keras
     import tensorflow as tf
 
+    check_supported(keras.__version__, tf.__version__)
     for workaround in workarounds:
         if workaround.active:
             continue
         if workaround.applies(keras.__version__, tf.__version__):
             workaround.install()
+        elif workaround.not_needed(keras.__version__):
+            logger.debug("kdist: workaround %s not needed on Keras %s", workaround.name,
+                         keras.__version__)
         else:
             logger.warning("kdist: workaround %s (%s) targets Keras %s..%s / TF %s..%s, not Keras %s "
                            "/ TF %s: skipped. Run kdist's test suite to check this version.",

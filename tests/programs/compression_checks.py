@@ -19,6 +19,7 @@ import tensorflow as tf  # noqa: E402
 
 from kdist import compression  # noqa: E402
 from kdist.compression import keras_hook  # noqa: E402
+from kdist.keras_compat.internals import per_replica_variables  # noqa: E402
 
 report = {}
 rng = np.random.default_rng(0)
@@ -84,11 +85,10 @@ for name, compressor in (("topk_ratio_1", EveryEntry(1.0)), ("fp16", compression
 
 # PowerSGD is exact when the summed gradient has rank <= r (here rank 2, r = 2).
 strategy = kdist.strategy(devices=devices)
-with strategy.scope():
+with strategy.scope(), per_replica_variables("mean"):  # as kdist's hook creates its state
     states = [{"q": keras.Variable(keras.initializers.RandomNormal(seed=3)((40, 2)),
-                                   synchronization="on_read", aggregation="mean"),
-               "residual": keras.Variable(np.zeros((30, 40), "float32"),
-                                          synchronization="on_read", aggregation="mean")}]
+                                   aggregation="mean"),
+               "residual": keras.Variable(np.zeros((30, 40), "float32"), aggregation="mean")}]
 u, v = rng.normal(size=(30, 2)).astype("float32"), rng.normal(size=(2, 40)).astype("float32")
 
 
@@ -140,11 +140,32 @@ target.load_weights(path)
 report["state_shapes"] = {n: [list(a.shape) for a in kdist_state(source, n).values()]
                           for n in ("residual", "q")}
 report["residual_nonzero"] = any(np.abs(a).max() > 0 for a in kdist_state(source, "residual").values())
-restored = {n: (list(kdist_state(source, n).values()), list(kdist_state(target, n).values()))
-            for n in ("residual", "q")}  # in optimizer order (the two models' paths differ)
-report["state_restored"] = all(
-    saved and len(saved) == len(loaded) and all(np.array_equal(a, b) for a, b in zip(saved, loaded))
-    for saved, loaded in restored.values())
+
+
+def state_equal(saved_model, loaded_model) -> bool:
+    """Residuals and Q of both models, in optimizer order (their paths differ): equal and present."""
+    pairs = [(list(kdist_state(saved_model, n).values()), list(kdist_state(loaded_model, n).values()))
+             for n in ("residual", "q")]
+    return all(saved and len(saved) == len(loaded) and all(np.array_equal(a, b)
+                                                           for a, b in zip(saved, loaded))
+               for saved, loaded in pairs)
+
+
+report["state_restored"] = state_equal(source, target)
+# The same through the stock callbacks a user writes: ModelCheckpoint (a whole .keras model,
+# loaded back under the same scope) and BackupAndRestore (restored at the start of fit).
+folder = tempfile.mkdtemp()
+checkpointed = build(compression.PowerSGD(rank=2))
+checkpointed.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0, callbacks=[
+    keras.callbacks.ModelCheckpoint(os.path.join(folder, "model.keras")),
+    keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"), delete_checkpoint=False)])
+with kdist.scope(devices=devices, compression=compression.PowerSGD(rank=2)):
+    loaded = keras.models.load_model(os.path.join(folder, "model.keras"))
+report["state_restored_model_checkpoint"] = state_equal(checkpointed, loaded)
+resumed = build(compression.PowerSGD(rank=2), seed=2)
+resumed.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0,  # epoch 1 is done: no step
+            callbacks=[keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"))])
+report["state_restored_backup_and_restore"] = state_equal(checkpointed, resumed)
 
 # Variants: PowerSGD without warm start or error feedback, TopK without error feedback, and a
 # user's own Compressor (bfloat16 by hand, the docstring's example) each train end to end.

@@ -56,17 +56,40 @@ def fit_steps_per_execution(k):
 
 
 by_one, _ = fit_steps_per_execution(1)
-by_three, by_three_history = fit_steps_per_execution(3)
+try:
+    by_three, by_three_history = fit_steps_per_execution(3)
+    spe3_refused = None
+except ValueError as err:  # Keras <= 3.6: refused by kdist (fit_dispatch)
+    by_three, spe3_refused = by_one, str(err)
 spe_fix = {w.name: w for w in keras_compat.WORKAROUNDS}["steps_per_execution_under_mirrored"]
+spe_fix_active = spe_fix.active
 spe_fix.uninstall()
 try:
     fit_steps_per_execution(3)
     upstream_error = None
 except Exception as err:  # noqa: BLE001 (the upstream bug, whatever TF raises)
     upstream_error = f"{type(err).__name__}: {str(err)[:300]}"
-spe_fix.install()
+if spe_fix_active:
+    spe_fix.install()
+
+
+# Upstream without kdist's loss scaling (keras-team/keras#19891, Keras < 3.8): N times the update.
+fixes = {w.name: w for w in keras_compat.WORKAROUNDS}
+scaling_fix = fixes["loss_scaled_per_replica"]
+scaling_was_active = scaling_fix.active
+scaling_fix.uninstall()
+with strategy.scope():  # not kdist.scope(): it would install the fix again
+    unscaled = build()
+unscaled.set_weights(initial)
+unscaled.fit(dataset, epochs=2, verbose=0, shuffle=False)
+if scaling_was_active:
+    scaling_fix.install()
 
 print(json.dumps({
+    "keras": keras.__version__,
+    "loss_scaling_fix_active": scaling_was_active,
+    "unscaled_max_weight_diff": max(float(np.abs(a - b).max()) for a, b in
+                                    zip(unscaled.get_weights(), reference.get_weights())),
     "strategy": type(strategy).__name__,
     "replicas": strategy.num_replicas_in_sync,
     "global_batch": global_batch,
@@ -82,4 +105,6 @@ print(json.dumps({
     "spe3_max_weight_diff": max(float(np.abs(a - b).max()) for a, b in
                                 zip(by_three.get_weights(), by_one.get_weights())),
     "spe3_upstream_error": upstream_error,
+    "spe3_fix_active": spe_fix_active,
+    "spe3_refused": spe3_refused,
 }))

@@ -25,6 +25,7 @@ import tensorflow as tf  # noqa: E402
 from keras.src.backend.tensorflow.trainer import TFEpochIterator  # noqa: E402
 
 from kdist import keras_compat  # noqa: E402
+from kdist.keras_compat.internals import epoch_iterators  # noqa: E402
 from kdist.scope import install_patches, uninstall_patches  # noqa: E402
 
 report = {"task": spec.task, "is_chief": spec.is_chief, "strategy": type(strategy).__name__,
@@ -59,7 +60,7 @@ def shard_of_one_epoch():
     iterator = TFEpochIterator(x=indices, batch_size=8, shuffle=True, distribute_strategy=strategy)
     seen = []
     with iterator.catch_stop_iteration():
-        for _, _, it in iterator:
+        for it in epoch_iterators(iterator):
             batch = tf.nest.flatten(next(it))[0]
             for value in strategy.experimental_local_results(batch):
                 seen += value.numpy().ravel().astype(int).tolist()
@@ -98,6 +99,22 @@ logits = model(x).numpy()
 report["evaluate"] = evaluation
 report["reference_accuracy"] = float((logits.argmax(1) == y).mean())
 report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits))
+
+# Upstream without kdist's metric fix (keras-team/keras#21061, Keras < 3.10): metric variables are
+# not combined across workers, so each worker's evaluate counts only the examples it saw.
+metric_fix = patches["metric_variables_synced_on_read"]
+report["keras"], report["metric_fix_active"] = keras.__version__, metric_fix.active
+metric_fix.uninstall()
+with strategy.scope():  # not kdist.scope(): it would install the fix again
+    unsynced = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                                 keras.layers.Dense(2)])
+    unsynced.compile(keras.optimizers.SGD(0.1),
+                     keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                     metrics=["accuracy"])
+unsynced.set_weights(model.get_weights())
+report["unsynced_evaluate"] = unsynced.evaluate(dataset, return_dict=True, verbose=0)
+if report["metric_fix_active"]:
+    metric_fix.install()
 
 # 4. predict returns every row, in input order (numpy and tf.data inputs).
 report["predict_numpy_max_diff"] = float(np.abs(model.predict(x, batch_size=GLOBAL_BATCH,
@@ -161,8 +178,9 @@ def train_step_ops(scope):
                       metrics=["accuracy"])
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, shuffle=False)
     counts = {}
-    for cell in model.train_function.__closure__ or ():
-        function = cell.cell_contents
+    # Keras >= 3.7 wraps the tf.function in a Python closure; Keras <= 3.6 returns it directly.
+    wrapped = [c.cell_contents for c in getattr(model.train_function, "__closure__", None) or ()]
+    for function in [model.train_function, *wrapped]:
         for concrete in getattr(function, "_list_all_concrete_functions", lambda: [])():
             for graph in [concrete.graph, *(f.graph for f in concrete.graph._functions.values()
                                             if hasattr(f, "graph"))]:
@@ -174,7 +192,9 @@ def train_step_ops(scope):
 kdist_ops = train_step_ops(kdist.scope)
 uninstall_patches()
 for workaround in keras_compat.WORKAROUNDS:
-    if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce"):
+    if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce",
+                           "loss_scaled_per_replica", "metric_variables_synced_on_read") \
+            and workaround.applies(keras.__version__, tf.__version__):  # fit needs them to be right
         workaround.install()
 report["train_step_ops"] = {"kdist": kdist_ops, "by_hand": train_step_ops(strategy.scope)}
 install_patches()

@@ -9,6 +9,8 @@ chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
   kill_ps    BackupAndRestore every epoch, SIGKILL ps 1 at the start of epoch 2 (on the first run
              only, KDIST_RESTART_COUNT=0): fit must fail clearly; restarted by the launcher, the
              same fit resumes from the backup. Writes OUT/kill_ps-<restart>.json.
+  sharded    the strategy has a variable_partitioner (the tutorials' way to shard over the ps):
+             fit must refuse its ShardedVariables with the fix, before any step runs
 """
 
 import json
@@ -20,12 +22,15 @@ import kdist
 
 out_dir, mode = sys.argv[1], sys.argv[2]
 spec = kdist.cluster()
-strategy = kdist.strategy()  # ps/worker tasks serve here and exit when the chief is done
-
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
+
+partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
+    min_shard_bytes=256, max_shards=2) if mode == "sharded" else None
+# ps/worker tasks serve here and exit when the chief is done
+strategy = kdist.strategy(variable_partitioner=partitioner)
 
 from kdist.ps import ParameterServerFailure  # noqa: E402
 
@@ -150,6 +155,17 @@ if mode == "train":
         generator_dataset, epochs=2, steps_per_epoch=4, verbose=0,
         validation_data=lambda context: tf.data.Dataset.from_tensor_slices((x, y)).batch(100)
     ).history
+elif mode == "sharded":
+    with kdist.scope(variable_partitioner=partitioner):
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(64), keras.layers.Dense(2)])
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    report["sharded_kernels"] = sum(type(v.value).__name__ == "ShardedVariable"
+                                    for v in model.trainable_variables)
+    try:
+        model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=STEPS, verbose=0)
+    except ValueError as err:
+        report["sharded_refused"] = str(err)
+    report["iterations"] = int(model.optimizer.iterations.numpy())
 else:
     model = make_model()
     backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))
