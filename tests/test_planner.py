@@ -1,6 +1,7 @@
 """`kdist plan`: the step-time model's arithmetic, the recommendation, and the command end to end."""
 
 import os
+import re
 
 import pytest
 
@@ -76,3 +77,29 @@ def test_kdist_plan_measures_t1_and_prints_the_table_and_a_plot(tmp_path):
     # 10 Gbit/s is fast enough for the MLP at the largest measured batch: a recommendation
     assert "recommended: per-replica batch" in result.stdout, result.stdout
     assert (tmp_path / "plan.png").stat().st_size > 1000
+
+
+def test_plan_flags_reach_the_table(tmp_path):
+    """--overlap, --compression fp16|bf16|topk, --host-cost and --base-batch, end to end."""
+    common = ["plan", "--model", "examples/plan_model.py:mlp", "--per-replica-batch", "16",
+              "--replicas", "4", "--host-cost", "0"]
+
+    def plan(*flags):
+        result = run_kdist([*common, *flags], timeout=300)
+        assert result.returncode == 0, result.stderr[-3000:]
+        return result.stdout
+
+    def wire_mb(output):
+        return float(re.search(r"on the wire ([\d.]+) MB per worker", output).group(1))
+
+    plain = plan("--bandwidth", "100Mbit")
+    assert "step = t1 + t2;" in plain and "host cost 0.00 ns/byte" in plain
+    assert "step = max(t1, t2);" in plan("--bandwidth", "100Mbit", "--overlap")
+    for name in ("fp16", "bf16"):
+        assert wire_mb(plan("--bandwidth", "100Mbit", "--compression", name)) == \
+            pytest.approx(wire_mb(plain) / 2, rel=0.01)
+    sparse = plan("--bandwidth", "100Mbit", "--compression", "topk:0.01")
+    assert "(all_gather)" in sparse and wire_mb(sparse) < wire_mb(plain) / 20
+    fast = plan("--bandwidth", "100Gbit", "--base-batch", "8")  # recommends per-replica batch 2..
+    match = re.search(r"global batch (\d+): learning rate = the one tuned at batch 8 x ([\d.]+)", fast)
+    assert match and float(match.group(2)) == pytest.approx(int(match.group(1)) / 8)

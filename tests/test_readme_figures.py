@@ -47,7 +47,7 @@ def figures(line: str) -> list[str]:
     """Measured-looking figures in one line; version numbers next to a product name are not."""
     found = WITH_UNIT.findall(line)
     if not PRODUCT.search(line):
-        found += DECIMAL.findall(re.sub(r"`[^`]*`", "", line))
+        found += DECIMAL.findall(WITH_UNIT.sub("", re.sub(r"`[^`]*`", "", line)))
     return [f.lstrip("~") for f in found]
 
 
