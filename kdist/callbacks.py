@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import sys
 
 import keras
@@ -29,6 +28,7 @@ import keras
 from kdist import exit_codes, keras_compat
 from kdist.keras_compat import internals, registry
 from kdist.keras_compat.callbacks import BACKUP_PATHS, cluster_of_model, private_paths
+from kdist.preemption import PreemptionNotice
 
 keras_compat.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
 
@@ -60,8 +60,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       previous backup intact (`backup_dir` is a local or mounted filesystem: the rename is POSIX).
     - ``save_before_preemption=True``: on SIGTERM (a Kubernetes eviction, `kdist launch` stopping
       the job), every worker agrees at the next step boundary, the backup is saved and `fit` raises
-      `Preempted`, exiting the process with code 75. Under MultiWorkerMirrored the agreement is
-      one scalar all-reduce per step.
+      `Preempted`, exiting the process with code 75. Under MultiWorkerMirrored the notice and the
+      step to save at go through TF's coordination service (`kdist.preemption`): a step pays one
+      integer comparison, and the save comes at most 2 steps after the signal.
 
     >>> import kdist
     >>> backup = kdist.callbacks.BackupAndRestore("backup", save_freq=50,
@@ -95,7 +96,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if step:
             _skip_steps(self.model, step)
         if self.save_before_preemption:
-            self._sigterm = _SigtermFlag(cluster_of_model(self.model))
+            self._sigterm = PreemptionNotice(cluster_of_model(self.model))
 
     def _saved_step(self) -> int:
         if not os.path.exists(self._training_metadata_path):
@@ -109,18 +110,22 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_train_batch_end(self, batch, logs=None):
         self._step = batch + 1
+        preempted = self._sigterm is not None and self._sigterm.step_done()
         if (self._epoch, self._step) <= self._resume_at:  # a skipped step: already in the backup
             self._last_batch_seen, self._batches_seen_since_last_saving = batch, 0
             return
         super().on_train_batch_end(batch, logs)  # saves every save_freq steps
-        if self._sigterm is not None and self._sigterm.agreed(self.model.distribute_strategy):
-            if self._last_saved != (self._epoch, self._step):
-                self._save_model()
-            message = (f"kdist: SIGTERM: saved the backup at epoch {self._epoch} step {self._step} "
-                       f"in {self.backup_dir}; exiting with {EXIT_PREEMPTED} (restartable)")
-            print(message, file=sys.stderr, flush=True)
-            self._close_sigterm()
-            raise Preempted(message)
+        if preempted:
+            self._save_and_exit()
+
+    def _save_and_exit(self):
+        if self._last_saved != (self._epoch, self._step):
+            self._save_model()
+        message = (f"kdist: SIGTERM: saved the backup at epoch {self._epoch} step {self._step} "
+                   f"in {self.backup_dir}; exiting with {EXIT_PREEMPTED} (restartable)")
+        print(message, file=sys.stderr, flush=True)
+        self._close_sigterm()
+        raise Preempted(message)
 
     def on_epoch_end(self, epoch, logs=None):
         saved_at_last_step = self._last_saved == (epoch, self._step)
@@ -150,6 +155,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         os.replace(incoming, self._training_metadata_path)
 
     def on_train_end(self, logs=None):
+        if self._sigterm is not None and self._sigterm.pending:  # too late: fit has finished
+            print("kdist: SIGTERM arrived in the last steps of fit; training completed, the "
+                  "program goes on", file=sys.stderr, flush=True)
         self._close_sigterm()
         super().on_train_end(logs)  # Keras's, made chief-only by kdist.keras_compat.callbacks
 
@@ -182,30 +190,6 @@ def _skip_steps(model, steps: int) -> None:
 
     skip_then_train._kdist_wrapped = train
     model.train_function = skip_then_train
-
-
-class _SigtermFlag:
-    """Records SIGTERM instead of dying; `agreed()` tells whether any worker received it."""
-
-    def __init__(self, spec):
-        self.received = False
-        self._all_reduce = spec.num_workers > 1 and not spec.has_ps  # else one process runs fit
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-
-    def _on_sigterm(self, signum, frame):
-        self.received = True
-
-    def agreed(self, strategy) -> bool:
-        if not self._all_reduce:
-            return self.received
-        import tensorflow as tf
-
-        local = tf.constant(1.0 if self.received else 0.0)
-        total = strategy.reduce("SUM", strategy.run(lambda: local), axis=None)
-        return float(total) > 0
-
-    def close(self):
-        signal.signal(signal.SIGTERM, self._previous)
 
 
 def _as_kdist_backup(original):

@@ -80,6 +80,10 @@ def test_sigterm_saves_on_every_worker_exits_75_and_the_restart_redoes_nothing(t
     assert saved[0].split("] ", 1)[1] == saved[1].split("] ", 1)[1]
     assert "exited with code 75" in log and "restarting every task (1/1)" in log
     step = int(saved[0].split(" step ")[1].split()[0])
+    # The notice goes through the coordination service, with no collective per step to agree on
+    # it. The signal comes after step 7 of epoch 1; the backup sees it at the end of step 8, and
+    # every worker saves at most 2 steps later (kdist.preemption.MARGIN).
+    assert "at epoch 1 step" in saved[0] and 8 <= step <= 8 + 2, saved
     for task in ("worker:0", "worker:1"):
         second = [(s["epoch"], s["step"]) for s in steps(tmp_path, task) if s["restart"] == 1]
         assert second[0] == (1, step + 1)
