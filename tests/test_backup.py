@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import kdist
+from kdist.keras_compat.registry import version
 
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
@@ -53,7 +54,7 @@ def test_a_save_that_dies_half_way_leaves_the_previous_backup_whole(tmp_path):
 
 
 def test_double_checkpoint_recovers_from_a_corrupted_latest_backup(tmp_path):
-    if tuple(int(n) for n in keras.__version__.split(".")[:2]) < (3, 7):  # Keras added it in 3.7
+    if version(keras.__version__) < (3, 7, 0):  # Keras added it in 3.7
         with pytest.raises(ValueError, match=r"double_checkpoint=True needs Keras >= 3.7"):
             kdist.callbacks.BackupAndRestore(str(tmp_path), double_checkpoint=True)
         return

@@ -5,6 +5,7 @@ import functools
 import pytest
 
 from conftest import run_report
+from kdist.keras_compat.registry import version
 
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
@@ -26,7 +27,7 @@ def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
     assert report["loss"] == pytest.approx(report["reference_loss"], rel=1e-5)
     assert report["loss"][1] < report["loss"][0]
     assert report["bare_scope_replicas"] == replicas  # regression: it silently became 1
-    keras_from_3_7 = tuple(int(n) for n in report["keras"].split(".")[:2]) >= (3, 7)
+    keras_from_3_7 = version(report["keras"]) >= (3, 7, 0)
     if keras_from_3_7:
         # steps_per_execution=3 trains exactly like 1
         assert report["spe3_refused"] is None
@@ -46,7 +47,7 @@ def test_loss_scaling_bug_upstream_on_keras_before_3_8_only(replicas):
     """keras-team/keras#19891: without kdist's workaround, Keras < 3.8 applies N times the update
     (the per-replica gradients of the mean loss are summed); Keras >= 3.8 scales it itself."""
     report = equivalence(replicas)
-    keras_before_3_8 = tuple(int(n) for n in report["keras"].split(".")[:2]) < (3, 8)
+    keras_before_3_8 = version(report["keras"]) < (3, 8, 0)
     assert report["loss_scaling_fix_active"] is keras_before_3_8
     if keras_before_3_8:
         assert report["unscaled_max_weight_diff"] > 1e-2  # the bug, upstream

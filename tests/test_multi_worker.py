@@ -16,6 +16,7 @@ import pytest
 
 from conftest import run_kdist
 from kdist import keras_compat
+from kdist.keras_compat.registry import version
 
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
@@ -66,7 +67,7 @@ def test_metric_sync_bug_upstream_on_keras_before_3_10_only(job):
     """keras-team/keras#21061: without kdist's workaround, Keras < 3.10 does not combine metric
     variables across workers (evaluate is off); Keras >= 3.10 does it itself."""
     for report in job["reports"].values():
-        before_3_10 = tuple(int(n) for n in report["keras"].split(".")[:2]) < (3, 10)
+        before_3_10 = version(report["keras"]) < (3, 10, 0)
         assert report["metric_fix_active"] is before_3_10
         upstream_exact = report["unsynced_evaluate"]["accuracy"] == pytest.approx(
             report["reference_accuracy"], abs=1e-6)

@@ -42,13 +42,9 @@ def report() -> tuple[list[str], bool]:
 
 
 def _status(workaround, keras_version: str, tf_version: str) -> str:
-    from kdist.keras_compat import registry
-
     if workaround.applies(keras_version, tf_version):
         return f"installs ({workaround.upstream})"
     if workaround.not_needed(keras_version):
-        low, fixed = workaround.keras_versions[0], workaround.fixed_in
-        return (f"not needed: fixed in Keras {fixed}" if fixed and registry.version(keras_version)
-                >= registry.version(fixed) else f"not needed: the bug came with Keras {low}")
+        return f"not needed: {workaround.why_not_needed(keras_version)}"
     return (f"skipped: written for Keras {workaround.keras_versions[0]}..{workaround.keras_versions[1]}"
             f", TF {workaround.tf_versions[0]}..{workaround.tf_versions[1]}")

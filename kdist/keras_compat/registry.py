@@ -85,12 +85,18 @@ class Workaround:
     active: bool = False
     _originals: list = dataclasses.field(default_factory=list, repr=False)
 
-    def not_needed(self, keras_version: str) -> bool:
-        """True where the bug is known absent: before the Keras release that brought it (the
-        range's start), or from the one that fixed it (`fixed_in`)."""
+    def why_not_needed(self, keras_version: str) -> str | None:
+        """Why the bug is known absent on `keras_version`: before the Keras release that brought it
+        (the range's start), or from the one that fixed it (`fixed_in`); None otherwise."""
         running = version(keras_version)
-        return running < version(self.keras_versions[0]) or (
-            self.fixed_in is not None and running >= version(self.fixed_in))
+        if self.fixed_in is not None and running >= version(self.fixed_in):
+            return f"fixed in Keras {self.fixed_in}"
+        if running < version(self.keras_versions[0]):
+            return f"the bug came with Keras {self.keras_versions[0]}"
+        return None
+
+    def not_needed(self, keras_version: str) -> bool:
+        return self.why_not_needed(keras_version) is not None
 
     def applies(self, keras_version: str, tf_version: str) -> bool:
         return in_range(keras_version, self.keras_versions) and in_range(tf_version, self.tf_versions)
@@ -137,8 +143,8 @@ def install_all(workarounds: list[Workaround]) -> list[str]:
         if workaround.applies(keras.__version__, tf.__version__):
             workaround.install()
         elif workaround.not_needed(keras.__version__):
-            logger.debug("kdist: workaround %s not needed on Keras %s", workaround.name,
-                         keras.__version__)
+            logger.debug("kdist: workaround %s not needed on Keras %s: %s", workaround.name,
+                         keras.__version__, workaround.why_not_needed(keras.__version__))
         else:
             logger.warning("kdist: workaround %s (%s) targets Keras %s..%s / TF %s..%s, not Keras %s "
                            "/ TF %s: skipped. Run kdist's test suite to check this version.",
