@@ -137,12 +137,32 @@ def _join(strategy) -> None:
         coordinator(strategy).join()
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
             tf.errors.NotFoundError) as err:
-        lost = sorted(set(re.findall(r"/job:ps/replica:0/task:(\d+)", str(err))))
+        # TF's message may name every ps the failed function touched (TF 2.17 does): name the
+        # ones that no longer accept connections, and fall back to the message only if none.
+        lost = _unreachable_ps(strategy) or sorted(
+            set(re.findall(r"/job:ps/replica:0/task:(\d+)", str(err))))
         which = ", ".join(f"ps:{i}" for i in lost) or "a parameter server"
         raise ParameterServerFailure(
             f"{which} failed during training ({type(err).__name__}); the variables it held are "
             "lost. Restart the job: with kdist.callbacks.BackupAndRestore it resumes from the last "
             "completed epoch") from err
+
+
+def _unreachable_ps(strategy) -> list[str]:
+    """Indices of the ps tasks whose address refuses a TCP connection now."""
+    import socket
+
+    from kdist.strategies import cluster_of
+
+    spec = cluster_of(strategy)
+    lost = []
+    for index, address in enumerate(spec.jobs.get("ps", ()) if spec is not None else ()):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host, int(port)), timeout=2).close()
+        except OSError:
+            lost.append(str(index))
+    return lost
 
 
 # ------------------------------------------------------------------------------------- evaluate
