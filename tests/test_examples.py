@@ -107,9 +107,12 @@ def test_model_parallel_example_on_logical_cpus():
 
 
 def test_mirrored_example_on_logical_cpus():
-    result = run_python(["examples/mnist_mirrored.py", "--data=digits", "--epochs=3",
+    # 4 replicas x 64 = 256 examples a step: 6 steps an epoch on the 1,437 training digits. After
+    # 3 epochs (18 steps) the accuracy ranged 0.89-0.96 between runs; after 5, 0.95-0.97.
+    result = run_python(["examples/mnist_mirrored.py", "--data=digits", "--epochs=5",
                          "--cpu_devices=4"], timeout=240)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
-    assert re.search(r"uci_digits: test accuracy 0\.9\d+ after 3 epochs, 4 replica\(s\), "
-                     r"global batch 256", result.stdout)
+    match = re.search(r"uci_digits: test accuracy (\S+) after 5 epochs, 4 replica\(s\), "
+                      r"global batch 256", result.stdout)
+    assert match and float(match.group(1)) >= 0.9, result.stdout[-3000:]
     assert "strategy mirrored (MirroredStrategy), 4 replica(s)" in result.stderr
