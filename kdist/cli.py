@@ -2,6 +2,7 @@
 
     kdist launch --workers 2 -- python train.py --epochs 3
     kdist launch --workers 2 --max-restarts 3 -- python train.py    (restart the group on failure)
+    kdist launch --workers 4 --max-restarts 3 --min-workers 2 -- python train.py   (drop lost hosts)
     kdist launch --spec cluster_specs/local-2-workers.json -- python train.py
     kdist validate cluster_specs/local-ps.json
     kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
@@ -92,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--max-restarts", type=_count, default=0,
                         help="restart every task up to this many times when one fails (the "
                              "script sees KDIST_RESTART_COUNT; resume with BackupAndRestore)")
+    launch.add_argument("--min-workers", type=_positive_count, default=None,
+                        help="with --max-restarts: restart without a chief/worker that fails "
+                             "twice in a row (a lost host), down to this many workers; the script "
+                             "sees KDIST_WORLD_SIZE_CHANGE=N->K")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
 
     validate = commands.add_parser("validate", help="check a cluster-spec file")
@@ -296,7 +301,8 @@ def _launch(args) -> int:
 
         enter_private_network()
     launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
-                        grace=args.grace, max_restarts=args.max_restarts)
+                        grace=args.grace, max_restarts=args.max_restarts,
+                        min_workers=args.min_workers)
     return launcher.run()
 
 

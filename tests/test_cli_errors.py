@@ -141,7 +141,7 @@ SPECS = st.sampled_from([os.path.join(ROOT, "cluster_specs", name) for name in (
 # --output only ever names files in the test's own directory (or one that does not exist)
 OUTPUTS = st.sampled_from(["out.yaml", "sub/out.yaml", "/nonexistent/d/f.yaml", "", "."])
 LAUNCH_FLAGS = {"--workers": ODD, "--ps": ODD, "--timeout": ODD, "--grace": ODD,
-                "--max-restarts": ODD, "--spec": SPECS}
+                "--max-restarts": ODD, "--min-workers": ODD, "--spec": SPECS}
 RENDER_FLAGS = {"--spec": SPECS, "--image": ODD, "--namespace": ODD, "--format": ODD,
                 "--output": OUTPUTS}
 

@@ -203,6 +203,41 @@ def test_a_group_that_keeps_failing_exits_with_the_code_after_its_restarts(tmp_p
     assert "on restart 2" in result.stdout and "on restart 3" not in result.stdout
 
 
+def test_min_workers_restarts_without_a_task_that_fails_twice_in_a_row(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1=exit3", "worker:0@0=sleep",
+                    "worker:0@1=sleep", "*=print", extra=["--max-restarts", "3", "--min-workers", "1"])
+    assert result.returncode == 0, result.stdout
+    out = result.stdout
+    assert "restarting every task (1/3); they see KDIST_RESTART_COUNT=1" in out
+    assert ("worker-1 failed on two starts in a row: restarting without it on 1 worker(s) "
+            "(--min-workers 1) (2/3); they see KDIST_RESTART_COUNT=2 and "
+            "KDIST_WORLD_SIZE_CHANGE=2->1") in out
+    assert "[worker-0] task worker:0 does sleep on restart 1, world size change none" in out
+    assert "[worker-0] task worker:0 does print on restart 2, world size change 2->1" in out
+    last_config = json.loads(out.split("world size change 2->1\n[worker-0] ")[1].splitlines()[0])
+    assert list(last_config["cluster"]) == ["worker"] and len(last_config["cluster"]["worker"]) == 1
+    assert "(3/3)" not in out
+
+
+def test_min_workers_is_a_floor_then_the_job_fails_with_the_tasks_code(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1=exit3", "*=sleep",
+                    extra=["--max-restarts", "2", "--min-workers", "2"])
+    assert result.returncode == 3, result.stdout
+    assert "restarting without" not in result.stdout and "(2/2)" in result.stdout
+
+
+@pytest.mark.parametrize("extra, problem", [
+    (["--max-restarts", "1", "--min-workers", "3"], "3 is more than the 2 chief/worker task(s)"),
+    (["--min-workers", "1"], "--max-restarts is 0"),
+    (["--max-restarts", "1", "--min-workers", "1", "--ps", "1", "--chief"], "parameter-server job"),
+    (["--max-restarts", "1", "--min-workers", "0"], "'0' is out of range"),
+])
+def test_min_workers_bad_input_names_the_flag_and_the_fix(extra, problem):
+    result = run_kdist(["launch", "--workers", "2", *extra, "--", "true"], timeout=30)
+    assert result.returncode == 2 and "--min-workers" in result.stderr, result.stderr
+    assert problem in result.stderr
+
+
 def test_max_restarts_must_be_a_count():
     result = run_kdist(["launch", "--max-restarts", "-1", "--", "true"], timeout=30)
     assert result.returncode == 2 and "--max-restarts: '-1' is out of range" in result.stderr

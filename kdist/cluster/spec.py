@@ -149,6 +149,15 @@ class ClusterSpec:
         return ClusterSpec(self.jobs, task_type, task_index, self.rpc_layer, self.environment,
                            self.source)  # another task: no longer the environment's own spec
 
+    def without(self, task_type: str, task_index: int) -> "ClusterSpec":
+        """This cluster without one task; the tasks after it in its job move up one index (the
+        launcher's smaller restart after a lost host). A job left empty disappears."""
+        jobs = {job: [a for i, a in enumerate(addresses) if (job, i) != (task_type, task_index)]
+                for job, addresses in self.jobs.items()}
+        return ClusterSpec({job: addresses for job, addresses in jobs.items() if addresses},
+                           rpc_layer=self.rpc_layer, environment=self.environment,
+                           source=self.source)
+
     # ----------------------------------------------------------------- queries
     @property
     def is_distributed(self) -> bool:

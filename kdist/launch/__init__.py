@@ -7,8 +7,8 @@ No TensorFlow import here: the launcher only starts processes.
 'succeeded'
 """
 
-from kdist.launch.launcher import (RESTART_ENV, Launcher, Outcome, ProgramError, State,
-                                   check_program, require_loopback)
+from kdist.launch.launcher import (RESTART_ENV, WORLD_SIZE_CHANGE_ENV, Launcher, Outcome,
+                                   ProgramError, State, check_program, require_loopback)
 
-__all__ = ["RESTART_ENV", "Launcher", "Outcome", "ProgramError", "State", "check_program",
-           "require_loopback"]
+__all__ = ["RESTART_ENV", "WORLD_SIZE_CHANGE_ENV", "Launcher", "Outcome", "ProgramError", "State",
+           "check_program", "require_loopback"]

@@ -8,6 +8,8 @@ prefixed with ``[worker-1]``, and its own process group. The launcher is a small
     RUNNING --SIGINT/SIGTERM--------------> INTERRUPTED (128 + signal, every child stopped)
     RUNNING --timeout---------------------> TIMED_OUT (124, every child stopped)
     FAILED  --restarts left---------------> RESTARTING --every task stopped--> RUNNING
+    FAILED  --same task failed last time,-> RESTARTING without that task (--min-workers)
+              more than min_workers left
 
 The leader is the chief, or worker 0 when there is no chief. After it succeeds, every other task
 gets `grace` seconds to exit by itself (kdist's ps and worker servers do, once the chief is gone);
@@ -20,6 +22,14 @@ With `max_restarts` K (like torchrun), a failure stops every task and starts the
 synchronous group again, up to K times, on the same addresses; each task sees the restart count in
 ``KDIST_RESTART_COUNT`` and resumes from its backup (`kdist.callbacks.BackupAndRestore`). A task
 that saved a checkpoint on SIGTERM exits with `exit_codes.PREEMPTED` (75), which restarts the same way.
+
+With `min_workers` M as well (torchrun's ``--nnodes MIN:MAX``, shrinking only), a chief or worker
+that fails again right after a restart is taken for a lost host: the group restarts without it
+(the later tasks of its job move up one index, TF_CONFIG is rendered anew), down to M workers.
+Every task then sees ``KDIST_WORLD_SIZE_CHANGE=N->K`` (workers at launch -> now) and resumes from
+its backup; `kdist.callbacks.BackupAndRestore` carries the position over to the new world size.
+Each smaller restart counts against `max_restarts`; when none is left the job fails with the task's
+exit code, as without `min_workers`.
 
 Before any task starts, the program is looked up: a missing one fails with 127 and one that is not
 executable with 126 (the shell's codes), and no process is left behind.
@@ -59,6 +69,7 @@ from kdist.cluster.spec import ClusterSpec
 
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
 RESTART_ENV = "KDIST_RESTART_COUNT"
+WORLD_SIZE_CHANGE_ENV = "KDIST_WORLD_SIZE_CHANGE"
 
 
 class State(enum.Enum):
@@ -155,6 +166,8 @@ class Launcher:
         output: where prefixed lines go (default: stdout).
         env: the tasks' base environment (default: this process's).
         max_restarts: how many times a failed group is restarted before the job fails.
+        min_workers: restart without a chief/worker that failed twice in a row, down to this many
+            workers (None: always restart the whole group). Needs `max_restarts`.
         task_command: `(task_type, index) -> (argv, env)` for each task; default: `command` with
             the task's TF_CONFIG added to `env`.
         address_policy: `(spec) -> None`, raises ValueError for addresses this launcher may not
@@ -164,7 +177,7 @@ class Launcher:
     def __init__(self, spec: ClusterSpec, command: Sequence[str] | None,
                  timeout: float | None = None, grace: float = 30.0, stop_timeout: float = 5.0,
                  output: IO[str] | None = None, env: dict[str, str] | None = None,
-                 max_restarts: int = 0,
+                 max_restarts: int = 0, min_workers: int | None = None,
                  task_command: Callable[[str, int], tuple[list[str], dict]] | None = None,
                  address_policy: Callable[[ClusterSpec], None] = require_loopback):
         validators.non_negative_int(max_restarts, "--max-restarts")
@@ -183,6 +196,10 @@ class Launcher:
             check_program(self.command or [])
         self.timeout, self.grace, self.stop_timeout = timeout, grace, stop_timeout
         self.max_restarts, self.restarts = max_restarts, 0
+        self.min_workers = min_workers
+        _check_min_workers(min_workers, spec, max_restarts, task_command)
+        self.initial_workers = spec.num_workers
+        self._failed_before: str | None = None  # the task that failed the previous attempt
         self.output = output or sys.stdout
         self.env = dict(os.environ if env is None else env)
         self.state = State.RUNNING
@@ -206,7 +223,7 @@ class Launcher:
                 self.state = self.outcome.state
                 if self.state is not State.FAILED or self.restarts >= self.max_restarts:
                     return self.outcome.exit_code
-                self._restart()
+                self._restart(self.outcome.task)
         finally:
             self._stop_all()
             self._join_readers()
@@ -221,16 +238,39 @@ class Launcher:
         self._write(f"[kdist] {message}\n")
 
     # ------------------------------------------------------------------ states
-    def _restart(self) -> None:
+    def _restart(self, failed: str | None) -> None:
         self.state = State.RESTARTING
         self._stop_all()
         self._join_readers()
         self.restarts += 1
-        self.log(f"restarting every task ({self.restarts}/{self.max_restarts}); they see "
-                 f"{RESTART_ENV}={self.restarts}")
+        lost = self._lost_task(failed)
+        if lost is None:
+            self._failed_before = failed
+            self.log(f"restarting every task ({self.restarts}/{self.max_restarts}); they see "
+                     f"{RESTART_ENV}={self.restarts}")
+        else:
+            self._failed_before = None  # indices move up: the next failure is judged afresh
+            self.spec = self.spec.without(*lost)
+            self.log(f"{failed} failed on two starts in a row: restarting without it on "
+                     f"{self.spec.num_workers} worker(s) (--min-workers {self.min_workers}) "
+                     f"({self.restarts}/{self.max_restarts}); they see {RESTART_ENV}="
+                     f"{self.restarts} and {WORLD_SIZE_CHANGE_ENV}={self._world_size_change()}")
         self.tasks, self._readers, self._reported = [], [], set()
         self._chief_deadline = None
         self.state = State.RUNNING
+
+    def _lost_task(self, failed: str | None) -> tuple[str, int] | None:
+        """The chief/worker to leave out of the next attempt, or None to restart them all."""
+        if self.min_workers is None or failed is None or failed != self._failed_before:
+            return None
+        task_type, index = failed.rsplit("-", 1)
+        if task_type not in ("chief", "worker") or self.spec.num_workers <= self.min_workers:
+            return None
+        return task_type, int(index)
+
+    def _world_size_change(self) -> str | None:
+        now = self.spec.num_workers
+        return None if now == self.initial_workers else f"{self.initial_workers}->{now}"
 
     def _supervise(self, deadline: float | None) -> Outcome:
         leader = self._task(*self.spec.leader)
@@ -301,6 +341,8 @@ class Launcher:
             argv, env = self.task_command(task_type, index)
             env = dict(env, PYTHONUNBUFFERED="1")
             env[RESTART_ENV] = str(self.restarts)
+            if self._world_size_change():
+                env[WORLD_SIZE_CHANGE_ENV] = self._world_size_change()
             try:
                 process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -355,6 +397,25 @@ class Launcher:
 
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
+
+
+def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_command) -> None:
+    if min_workers is None:
+        return
+    validators.positive_int(min_workers, "--min-workers")
+    if spec.has_ps:
+        raise UsageError("--min-workers", "a parameter-server job already goes on without a lost "
+                         "worker (the coordinator reschedules its steps)",
+                         "drop --min-workers for a cluster with --ps")
+    if min_workers > spec.num_workers:
+        raise UsageError("--min-workers", f"{min_workers} is more than the {spec.num_workers} "
+                         "chief/worker task(s) launched", f"use 1 to {spec.num_workers}")
+    if max_restarts == 0:
+        raise UsageError("--min-workers", "a smaller restart is a restart, and --max-restarts is 0",
+                         "add --max-restarts N (each smaller restart counts as one)")
+    if task_command is not None:
+        raise UsageError("min_workers", "a custom task_command renders its own tasks, so the "
+                         "launcher cannot drop one", "use the default task command")
 
 
 def _signal_group(process: subprocess.Popen, sig: int) -> None:

@@ -31,7 +31,8 @@ def wait_for_every_task(seconds=60):
 
 
 action = rules.get(f"{task}@{restart}", rules.get(task, rules.get("*", "print")))
-print(f"task {task} does {action} on restart {restart}")
+print(f"task {task} does {action} on restart {restart}, world size change "
+      f"{os.environ.get('KDIST_WORLD_SIZE_CHANGE', 'none')}")
 if action == "print":
     print(json.dumps(config))
 elif action.startswith("exit"):
