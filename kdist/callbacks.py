@@ -25,7 +25,7 @@ import sys
 
 import keras
 
-from kdist import exit_codes, keras_compat
+from kdist import elastic, exit_codes, keras_compat
 from kdist.keras_compat import internals, registry
 from kdist.keras_compat.callbacks import BACKUP_PATHS, cluster_of_model, private_paths
 from kdist.preemption import PreemptionNotice
@@ -56,6 +56,12 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     - With ``save_freq=N`` (steps), a restarted `fit` resumes at the saved epoch *and step*: the
       steps already trained in that epoch are skipped (their batches are read and dropped), so at
       most N steps are redone. Keras 3 itself restarts the whole epoch.
+    - Elastic: the position is saved in examples, with the global batch, replicas and workers, so
+      a backup resumes on another number of workers: the epoch goes on after the same example,
+      and one line says which batch policy the script applied (`kdist.elastic`). Per-replica
+      compression state (PowerSGD and TopK residuals, TopK momentum) is saved as its mean over the
+      replicas and every new replica starts from it: the mean, which is what enters the averaged
+      gradient, is unchanged. PowerSGD's Q is the same on every replica and carries over as is.
     - Files are written under temporary names and renamed, so a task killed mid-save leaves the
       previous backup intact (`backup_dir` is a local or mounted filesystem: the rename is POSIX).
     - ``save_before_preemption=True``: on SIGTERM (a Kubernetes eviction, `kdist launch` stopping
@@ -87,22 +93,35 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         self._last_saved = None
         self._resume_at = (0, 0)
         self._sigterm = None
+        self._shape = elastic.Shape(None, 1, 1)
 
     # ------------------------------------------------------------------ restore
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)  # weights and the epoch (Keras)
-        step = self._saved_step()
+        self._shape = self._current_shape()
+        step = self._resume_step(self._saved_metadata())
         self._resume_at = (self.model._initial_epoch or 0, step)
         if step:
             _skip_steps(self.model, step)
         if self.save_before_preemption:
             self._sigterm = PreemptionNotice(cluster_of_model(self.model))
 
-    def _saved_step(self) -> int:
+    def _saved_metadata(self) -> dict:
         if not os.path.exists(self._training_metadata_path):
-            return 0
+            return {}
         with open(self._training_metadata_path, encoding="utf-8") as f:
-            return int(json.load(f).get("step", 0))
+            return json.load(f)
+
+    def _current_shape(self) -> elastic.Shape:
+        return elastic.Shape(getattr(self.model, "_kdist_global_batch", None),
+                             self.model.distribute_strategy.num_replicas_in_sync,
+                             cluster_of_model(self.model).num_workers)
+
+    def _resume_step(self, saved: dict) -> int:
+        plan = elastic.resume_plan(saved, self._shape)
+        if plan.message and cluster_of_model(self.model).is_chief:
+            print(plan.message, file=sys.stderr, flush=True)
+        return plan.step
 
     # ------------------------------------------------------------------ save
     def on_epoch_begin(self, epoch, logs=None):
@@ -151,7 +170,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def _write_metadata(self):
         incoming = self._training_metadata_path + ".incoming"
         with open(incoming, "w", encoding="utf-8") as f:
-            json.dump({"epoch": self._epoch, "step": self._step}, f)
+            examples = None if self._shape.global_batch is None \
+                else self._step * self._shape.global_batch
+            json.dump({"epoch": self._epoch, "step": self._step, "examples": examples,
+                       **self._shape.as_metadata()}, f)
         os.replace(incoming, self._training_metadata_path)
 
     def on_train_end(self, logs=None):

@@ -39,6 +39,7 @@ def _dispatching(name: str, original):
 
     @functools.wraps(original)
     def method(*args, **kwargs):
+        from kdist import elastic
         from kdist.compression import keras_hook
         from kdist.strategies import cluster_of, is_parameter_server
 
@@ -53,6 +54,9 @@ def _dispatching(name: str, original):
             _check_xla(strategy)
         if name == "fit" and strategy is not None and model.steps_per_execution > 1:
             _check_steps_per_execution(strategy, model.steps_per_execution)
+        if name == "fit":  # BackupAndRestore keeps its position in examples (kdist.elastic)
+            model._kdist_global_batch = elastic.global_batch_of(bound.arguments.get("x"),
+                                                                bound.arguments.get("batch_size"))
         if name == "fit" and keras_hook.binding(model) is not None:
             callbacks = bound.arguments.get("callbacks") or []
             bound.arguments["callbacks"] = [keras_hook.PhaseCallback(model.optimizer), *callbacks]
