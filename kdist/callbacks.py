@@ -26,6 +26,7 @@ import sys
 import keras
 
 from kdist import elastic, exit_codes, keras_compat
+from kdist.barriers import barrier
 from kdist.keras_compat import internals, registry
 from kdist.keras_compat.callbacks import BACKUP_PATHS, cluster_of_model, private_paths
 from kdist.preemption import PreemptionNotice
@@ -182,6 +183,9 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                   "program goes on", file=sys.stderr, flush=True)
         self._close_sigterm()
         super().on_train_end(logs)  # Keras's, made chief-only by kdist.keras_compat.callbacks
+        # Every worker returns from fit once the chief has deleted the backup: a next fit with
+        # the same backup_dir cannot restore the backup the chief is deleting.
+        barrier(self.model.distribute_strategy)
 
     def _close_sigterm(self):
         if self._sigterm is not None:
