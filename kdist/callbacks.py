@@ -100,10 +100,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)  # weights and the epoch (Keras)
         self._shape = self._current_shape()
-        step = self._resume_step(self._saved_metadata())
-        self._resume_at = (self.model._initial_epoch or 0, step)
-        if step:
-            _skip_steps(self.model, step)
+        plan = self._resume_plan(self._saved_metadata())
+        self._resume_at = (self.model._initial_epoch or 0, plan.step)
+        if plan.step or plan.partial:
+            _skip_steps(self.model, plan.step, self._partial_batch(plan))
         if self.save_before_preemption:
             self._sigterm = PreemptionNotice(cluster_of_model(self.model))
 
@@ -118,11 +118,21 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                              self.model.distribute_strategy.num_replicas_in_sync,
                              cluster_of_model(self.model).num_workers)
 
-    def _resume_step(self, saved: dict) -> int:
-        plan = elastic.resume_plan(saved, self._shape)
+    def _resume_plan(self, saved: dict) -> elastic.ResumePlan:
+        splittable = getattr(self.model, "_kdist_fit_data", None) is not None \
+            and self.model.steps_per_execution == 1
+        plan = elastic.resume_plan(saved, self._shape, can_split_a_batch=splittable)
         if plan.message and cluster_of_model(self.model).is_chief:
             print(plan.message, file=sys.stderr, flush=True)
-        return plan.step
+        return plan
+
+    def _partial_batch(self, plan: elastic.ResumePlan):
+        """The unseen examples of the batch holding the saved position, distributed as Keras
+        distributes its batches; None when the position ends a batch."""
+        if plan.partial is None:
+            return None
+        dataset = elastic.examples_between(*self.model._kdist_fit_data, *plan.partial)
+        return self.model.distribute_strategy.experimental_distribute_dataset(dataset)
 
     # ------------------------------------------------------------------ save
     def on_epoch_begin(self, epoch, logs=None):
@@ -193,8 +203,10 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
             self._sigterm = None
 
 
-def _skip_steps(model, steps: int) -> None:
+def _skip_steps(model, steps: int, partial=None) -> None:
     """Makes the next `steps` training steps of `model.fit` read their batches without training.
+    With `partial` (a distributed dataset of one batch), the step after them reads its batch and
+    trains on `partial` instead: the rest of the batch that holds the saved position.
 
     Keras's fit loop calls `model.train_function(iterator)` once per `steps_per_execution` steps;
     kdist's parameter-server fit reads `model._kdist_initial_step` instead.
@@ -208,7 +220,10 @@ def _skip_steps(model, steps: int) -> None:
     def skip_then_train(iterator):
         if model._kdist_initial_step <= 0:
             model.train_function = train
-            return train(iterator)
+            if partial is None:
+                return train(iterator)
+            next(iterator)  # the batch holding the saved position, whose rest `partial` holds
+            return train(iter(partial))
         for _ in range(per_call):
             next(iterator)
         model._kdist_initial_step -= per_call

@@ -16,8 +16,8 @@ The policy is the script's, not a kdist setting: kdist reads it from the batch `
 >>> saved = {"epoch": 1, "step": 3, "examples": 384, "global_batch": 128, "replicas": 2,
 ...          "workers": 2}
 >>> plan = resume_plan(saved, Shape(global_batch=192, replicas=3, workers=3))
->>> plan.step, plan.retrained
-(2, 0)
+>>> plan.step, plan.partial
+(2, None)
 >>> print(plan.message)
 kdist: resuming on 3 worker(s), 3 replica(s) (the backup was written by 2 worker(s), 2 replica(s)): kept the per-replica batch 64: global batch 128 -> 192; epoch 1 goes on after example 384 = step 2 of 192
 """
@@ -43,18 +43,22 @@ class Shape:
 
 @dataclasses.dataclass(frozen=True)
 class ResumePlan:
-    """Where the restored epoch goes on: `step` whole batches of the new size are skipped;
-    `retrained` examples (before the saved position) are trained again; `message` says what
-    changed (None when nothing did)."""
+    """Where the restored epoch goes on: `step` whole batches of the new size are skipped; then,
+    when the saved position falls inside the next batch, `partial` = (first, end) examples of it
+    are trained as one smaller batch, or (when kdist cannot read the input's examples) that whole
+    batch is trained and its `retrained` examples before the position see a second step.
+    `message` says what changed (None when nothing did)."""
 
     step: int
+    partial: tuple[int, int] | None = None
     retrained: int = 0
     message: str | None = None
 
 
-def resume_plan(saved: dict, now: Shape) -> ResumePlan:
+def resume_plan(saved: dict, now: Shape, can_split_a_batch: bool = True) -> ResumePlan:
     """The plan for resuming the backup metadata `saved` (epoch, step, examples, global_batch,
-    replicas, workers) in a `fit` of shape `now`."""
+    replicas, workers) in a `fit` of shape `now`; `can_split_a_batch`: kdist can read this fit's
+    examples by position (`examples_between`)."""
     step = int(saved.get("step", 0))
     before = Shape(saved.get("global_batch"), saved.get("replicas", now.replicas),
                    saved.get("workers", now.workers))
@@ -72,18 +76,26 @@ def resume_plan(saved: dict, now: Shape) -> ResumePlan:
               f"was written by {before.workers} worker(s), {before.replicas} replica(s)): "
               f"{_policy(before, now)}")
     if not step:
-        return ResumePlan(0, 0, header)
+        return ResumePlan(0, message=header)
     examples = int(saved.get("examples", step * before.global_batch))
-    step, retrained = divmod(examples, now.global_batch)
-    where = (f"; epoch {saved.get('epoch', 0)} goes on after example {examples} = step {step} of "
-             f"{now.global_batch}")
-    if retrained:
-        where = (f"; epoch {saved.get('epoch', 0)} stopped after example {examples}, which no "
-                 f"batch of {now.global_batch} ends at: it goes on from step {step}, and the "
-                 f"{retrained} examples {examples - retrained}-{examples - 1} are trained a second "
-                 f"time (keep the global batch {before.global_batch}, or save at steps whose "
-                 f"example count the new batch divides, to avoid it)")
-    return ResumePlan(step, retrained, header + where)
+    epoch = saved.get("epoch", 0)
+    step, inside = divmod(examples, now.global_batch)
+    if not inside:
+        return ResumePlan(step, message=header + f"; epoch {epoch} goes on after example "
+                                                 f"{examples} = step {step} of {now.global_batch}")
+    end = (step + 1) * now.global_batch  # the batch holding the position ends here
+    if can_split_a_batch:
+        return ResumePlan(step, partial=(examples, end), message=header + (
+            f"; epoch {epoch} stopped after example {examples}, which no batch of "
+            f"{now.global_batch} ends at: it goes on with one batch of the {end - examples} "
+            f"examples {examples}-{end - 1}, then batches of {now.global_batch} from step "
+            f"{step + 2}"))
+    return ResumePlan(step, retrained=inside, message=header + (
+        f"; epoch {epoch} stopped after example {examples}, which no batch of {now.global_batch} "
+        f"ends at, and kdist cannot read this input by position: it goes on from step "
+        f"{step + 1}, and the {inside} examples {examples - inside}-{examples - 1} are trained a "
+        f"second time (keep the global batch {before.global_batch}, or pass arrays or a "
+        f"tf.data.Dataset, to avoid it)"))
 
 
 def _policy(before: Shape, now: Shape) -> str:
@@ -112,19 +124,48 @@ def _check_whole_per_replica_batch(before: Shape, now: Shape) -> None:
         f"batch_size=kdist.global_batch_size({per_replica})")
 
 
-def global_batch_of(x, batch_size) -> int | None:
-    """The global batch of `fit(x, batch_size=...)`: `batch_size` (Keras's default 32) for arrays,
-    the batch of a batched `tf.data.Dataset`; None for inputs whose batch kdist cannot read
-    (generators, `PyDataset`, distributed datasets)."""
-    import numpy as np
+def readable_by_position(x, y, sample_weight) -> bool:
+    """True for the inputs `examples_between` can read: a batched `tf.data.Dataset`, or arrays
+    (with `sample_weight` only next to `y`)."""
     import tensorflow as tf
 
     if isinstance(x, tf.data.Dataset):
-        return _dataset_batch(x)
+        return _dataset_batch(x) is not None
+    return _batch_size_of_arrays(x, 1) is not None and (y is not None or sample_weight is None)
+
+
+def examples_between(x, y, sample_weight, first: int, end: int):
+    """The examples [first, end) of `fit`'s input (`readable_by_position`) as one batch, packed as
+    Keras packs them, in a `tf.data.Dataset`. A dataset is read again from its start: its order
+    must not change between passes (no reshuffling)."""
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        return x.unbatch().skip(first).take(end - first).batch(end - first)
+    packed = (x,) if y is None else (x, y) if sample_weight is None else (x, y, sample_weight)
+    return tf.data.Dataset.from_tensor_slices(
+        tf.nest.map_structure(lambda a: a[first:end], packed)).batch(end - first)
+
+
+def _batch_size_of_arrays(x, batch_size) -> int | None:
+    import numpy as np
+    import tensorflow as tf
+
     leaves = tf.nest.flatten(x)
     if leaves and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves):
         return batch_size or 32
     return None
+
+
+def global_batch_of(x, batch_size) -> int | None:
+    """The global batch of `fit(x, batch_size=...)`: `batch_size` (Keras's default 32) for arrays,
+    the batch of a batched `tf.data.Dataset`; None for inputs whose batch kdist cannot read
+    (generators, `PyDataset`, distributed datasets)."""
+    import tensorflow as tf
+
+    if isinstance(x, tf.data.Dataset):
+        return _dataset_batch(x)
+    return _batch_size_of_arrays(x, batch_size)
 
 
 def _dataset_batch(dataset) -> int | None:

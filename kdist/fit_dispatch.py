@@ -55,16 +55,22 @@ def _dispatching(name: str, original):
         if name == "fit" and strategy is not None and model.steps_per_execution > 1:
             _check_steps_per_execution(strategy, model.steps_per_execution)
         if name == "fit":  # BackupAndRestore keeps its position in examples (kdist.elastic)
-            model._kdist_global_batch = elastic.global_batch_of(bound.arguments.get("x"),
+            data = [bound.arguments.get(k) for k in ("x", "y", "sample_weight")]
+            model._kdist_global_batch = elastic.global_batch_of(data[0],
                                                                 bound.arguments.get("batch_size"))
+            model._kdist_fit_data = data if elastic.readable_by_position(*data) else None
         if name == "fit" and keras_hook.binding(model) is not None:
             callbacks = bound.arguments.get("callbacks") or []
             bound.arguments["callbacks"] = [keras_hook.PhaseCallback(model.optimizer), *callbacks]
-        if strategy is not None and is_parameter_server(strategy):
-            from kdist.ps import training
+        try:
+            if strategy is not None and is_parameter_server(strategy):
+                from kdist.ps import training
 
-            return getattr(training, name)(*bound.args, **bound.kwargs)
-        return original(*bound.args, **bound.kwargs)
+                return getattr(training, name)(*bound.args, **bound.kwargs)
+            return original(*bound.args, **bound.kwargs)
+        finally:
+            if name == "fit":
+                model._kdist_fit_data = None  # no reference to the user's arrays after fit
 
     return method
 
