@@ -46,7 +46,7 @@ def interrupted_then_resumed(out, before, after, *extra, signal_after=3):
 def accuracy_of_one_process(out, *extra):
     out.mkdir()
     result = run_python([FAULT_JOB, str(out), "--epochs", str(EPOCHS), "--count-examples", *extra],
-                        timeout=240, env={"TF_CONFIG": ""})
+                        timeout=240)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     with open(os.path.join(out, "result-local.json")) as f:
         return json.load(f)["accuracy"]
@@ -81,6 +81,58 @@ def test_a_position_no_new_batch_ends_at_goes_on_with_one_smaller_batch(tmp_path
     assert counts.min() == counts.max() == 1
     # TopK 10% learns more slowly than float32 (benchmarks/results/compression.md): after 3
     # epochs it is at 0.89; a broken residual restore (e.g. NaN or a stale sum) lands far lower.
+    assert result["accuracy"] >= 0.85
+
+
+def one_process(out, tag, *extra, expect=0):
+    result = run_python([FAULT_JOB, str(out), "--epochs", str(EPOCHS), "--save-freq",
+                         str(SAVE_FREQ), "--count-examples", "--tag", tag, *extra], timeout=240)
+    assert result.returncode == expect, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stderr
+
+
+def test_mirrored_saves_on_sigterm_exits_75_and_resumes_on_more_devices(tmp_path):
+    """One process, Mirrored over 2 logical CPUs: SIGTERM after step 3 of epoch 1 is seen at the
+    end of step 4 (one process decides alone), which is saved; the restart runs on 3 devices."""
+    first = one_process(tmp_path, "first", "--cpu-devices", "2", "--fault", "local:0:1:3:TERM",
+                        expect=75)
+    assert "kdist: SIGTERM: saved the backup at epoch 1 step 4" in first
+    log = one_process(tmp_path, "second", "--cpu-devices", "3")
+    assert ("kept the per-replica batch 32: global batch 64 -> 96; epoch 1 stopped after example "
+            "256, which no batch of 96 ends at: it goes on with one batch of the 32 examples "
+            "256-287, then batches of 96 from step 4") in log, log[-3000:]
+    counts = sum(np.load(tmp_path / f"counts-{tag}-0-1.npy") for tag in ("first", "second"))
+    assert counts.min() == counts.max() == 1
+    with open(tmp_path / "result-local.json") as f:
+        assert json.load(f)["accuracy"] >= 0.9
+
+
+def test_parameter_server_saves_on_sigterm_to_the_chief_and_resumes_with_fewer_workers(tmp_path):
+    """The chief runs the training loop and decides alone; workers come and go (the ps count is
+    fixed). Each step is one worker's batch, so the position is in steps whatever the worker
+    count: every step of the interrupted epoch is trained once across the two jobs."""
+    def ps_job(workers, *extra, expect):
+        result = run_kdist(["launch", "--chief", "--workers", str(workers), "--ps", "1",
+                            "--timeout", "300", "--", sys.executable, FAULT_JOB, str(tmp_path),
+                            "--epochs", str(EPOCHS), "--save-freq", str(SAVE_FREQ), *extra],
+                           timeout=330)
+        assert result.returncode == expect, result.stdout[-5000:]
+        return result.stdout
+
+    first = ps_job(2, "--fault", f"chief:0:0:{INTERRUPTED_EPOCH}:3:TERM", expect=75)
+    assert "[chief-0] kdist: SIGTERM: saved the backup at epoch 1 step 4" in first
+    ps_job(1, expect=0)
+    with open(tmp_path / "steps-chief:0.jsonl") as f:
+        trained = [json.loads(line) for line in f]
+    with open(tmp_path / "result-chief:0.json") as f:
+        result = json.load(f)
+    # Step 4 is trained and saved, then Preempted leaves fit before the step log (after the
+    # backup in the callbacks) records it: the log holds every other step once.
+    epoch_1 = sorted(s["step"] for s in trained if s["epoch"] == INTERRUPTED_EPOCH)
+    assert epoch_1 == [s for s in range(1, result["steps_per_epoch"] + 1) if s != 4]
+    # Each worker reads its own shuffled stream, restarted with the job: with one worker this job
+    # measured 0.944 uninterrupted, 0.897-0.961 when stopped at steps 3, 20 or 40 of epoch 1 and
+    # resumed (another order of the data). The step log above is what shows the resume.
     assert result["accuracy"] >= 0.85
 
 

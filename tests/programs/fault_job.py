@@ -37,6 +37,7 @@ parser.add_argument("--global-batch", type=int, default=None)
 parser.add_argument("--compression", default=None)
 parser.add_argument("--count-examples", action="store_true")
 parser.add_argument("--tag", default="run")
+parser.add_argument("--cpu-devices", type=int, default=0, help="one process: Mirrored over N CPUs")
 args = parser.parse_args()
 
 spec = kdist.cluster()
@@ -44,6 +45,8 @@ task = spec.task or "local"
 restart = int(os.environ.get("KDIST_RESTART_COUNT", "0"))
 options = {"dead_peer_timeout": args.dead_peer_timeout} if spec.num_workers > 1 and not spec.has_ps \
     else {}
+if args.cpu_devices:
+    options = {"strategy": "mirrored", "devices": kdist.split_cpu(args.cpu_devices)}
 strategy = kdist.strategy(**options)  # ps/worker tasks of a PS cluster serve here and exit
 with open(os.path.join(args.out_dir, f"pid-{task}"), "w") as f:
     f.write(str(os.getpid()))
