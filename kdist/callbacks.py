@@ -166,6 +166,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
                 self._write_metadata()
 
     def _save_model(self):
+        _finish_scheduled_steps(self.model)
         with private_paths(self, self.backup_dir, self._PATHS):
             os.makedirs(self.backup_dir, exist_ok=True)
             if self.double_checkpoint:
@@ -201,6 +202,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         if self._sigterm is not None:
             self._sigterm.close()
             self._sigterm = None
+
+
+def _finish_scheduled_steps(model) -> None:
+    """Under ParameterServer the chief's loop schedules steps ahead of the workers: wait until
+    every scheduled step is applied, so the backup holds each step it counts."""
+    from kdist.strategies import is_parameter_server
+
+    if is_parameter_server(model.distribute_strategy):
+        from kdist.ps import training
+
+        training.join_scheduled(model.distribute_strategy)
 
 
 def _skip_steps(model, steps: int, partial=None) -> None:

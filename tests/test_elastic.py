@@ -136,6 +136,21 @@ def test_parameter_server_saves_on_sigterm_to_the_chief_and_resumes_with_fewer_w
     assert result["accuracy"] >= 0.85
 
 
+def test_a_parameter_server_backup_holds_every_step_it_counts(tmp_path):
+    """The chief's loop schedules steps ahead of the workers (at the save after step 40 of epoch
+    0, only 9 had been applied when this was found). The backup waits for the scheduled steps, so
+    a restart after a SIGKILL resumes with the optimizer at exactly the saved step."""
+    result = run_kdist(["launch", "--chief", "--workers", "1", "--ps", "1", "--max-restarts", "1",
+                        "--timeout", "300", "--", sys.executable, FAULT_JOB, str(tmp_path),
+                        "--epochs", "1", "--save-freq", "10", "--fault", "chief:0:0:0:42:KILL"],
+                       timeout=330)
+    assert result.returncode == 0, result.stdout[-5000:]
+    with open(tmp_path / "result-chief:0.json") as f:
+        assert json.load(f) | {"accuracy": None, "checksum": None} == {
+            "accuracy": None, "checksum": None, "restart": 1, "steps_per_epoch": 45,
+            "start_iterations": 40}
+
+
 def test_min_workers_finishes_on_one_worker_when_the_other_dies_on_every_start(tmp_path):
     log = job(tmp_path, 2, "shrinking", "--fault", f"worker:1:*:{INTERRUPTED_EPOCH}:8:KILL",
               launch_args=["--max-restarts", "2", "--min-workers", "1"])

@@ -88,7 +88,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
             coordinator(strategy).schedule(function, args=(iterator,))
             step += steps
             callbacks.on_train_batch_end(step - 1, None)
-        _join(strategy)
+        join_scheduled(strategy)
         logs = _metrics(model)
         if validation_data is not None and model._should_eval(epoch, validation_freq):
             val_x, val_y, val_w = _unpack(validation_data)
@@ -130,7 +130,7 @@ def _train_function(model, steps: int):
     return _cached_function(model, f"train_{steps}", make)
 
 
-def _join(strategy) -> None:
+def join_scheduled(strategy) -> None:
     import tensorflow as tf
 
     try:

@@ -69,6 +69,9 @@ class StepLog(keras.callbacks.Callback):
         self.epoch = 0
         self.log = open(os.path.join(args.out_dir, f"steps-{task}.jsonl"), "a")
 
+    def on_train_begin(self, logs=None):  # after the backup's: the restored optimizer step
+        self.start_iterations = int(keras.ops.convert_to_numpy(self.model.optimizer.iterations))
+
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
 
@@ -146,8 +149,9 @@ with kdist.scope(**scope_options):
 backup = keras.callbacks.BackupAndRestore(os.path.join(args.out_dir, "backup"),
                                           save_freq=args.save_freq, save_before_preemption=True)
 fit_args = {"steps_per_epoch": steps_per_epoch} if spec.has_ps else {"shuffle": False}
+step_log = StepLog()
 model.fit(x, y, batch_size=batch, epochs=args.epochs, verbose=0,
-          callbacks=[*callbacks, backup, StepLog()], **fit_args)
+          callbacks=[*callbacks, backup, step_log], **fit_args)
 if args.count_examples:  # the labels carry ids: the accuracy from the predictions
     predicted = model.predict(x_test, batch_size=batch, verbose=0).argmax(axis=1)
     accuracy = float(np.mean(predicted == digits.y_test))
@@ -156,5 +160,6 @@ else:
 weights = np.concatenate([w.ravel() for w in model.get_weights()])
 with open(os.path.join(args.out_dir, f"result-{task}.json"), "w") as f:
     json.dump({"accuracy": float(accuracy), "checksum": float(np.abs(weights).sum()),
-               "restart": restart, "steps_per_epoch": steps_per_epoch}, f)
+               "restart": restart, "steps_per_epoch": steps_per_epoch,
+               "start_iterations": step_log.start_iterations}, f)
 np.save(os.path.join(args.out_dir, f"weights-{task}.npy"), weights)
