@@ -99,11 +99,17 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     # ------------------------------------------------------------------ restore
     def on_train_begin(self, logs=None):
         super().on_train_begin(logs)  # weights and the epoch (Keras)
-        self._shape = self._current_shape()
-        plan = self._resume_plan(self._saved_metadata())
+        x, y, sample_weight, batch_size = getattr(self.model, "_kdist_fit_input", None) or \
+            (None,) * 4  # set by kdist's fit (kdist.fit_dispatch)
+        self._shape = elastic.Shape(elastic.global_batch_of(x, batch_size),
+                                    self.model.distribute_strategy.num_replicas_in_sync,
+                                    cluster_of_model(self.model).num_workers)
+        splittable = self.model.steps_per_execution == 1 and elastic.readable_by_position(
+            x, y, sample_weight, self._shape.global_batch)
+        plan = self._resume_plan(self._saved_metadata(), splittable)
         self._resume_at = (self.model._initial_epoch or 0, plan.step)
         if plan.step or plan.partial:
-            _skip_steps(self.model, plan.step, self._partial_batch(plan))
+            _skip_steps(self.model, plan.step, self._partial_batch(plan, x, y, sample_weight))
         if self.save_before_preemption:
             self._sigterm = PreemptionNotice(cluster_of_model(self.model))
 
@@ -113,25 +119,18 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
         with open(self._training_metadata_path, encoding="utf-8") as f:
             return json.load(f)
 
-    def _current_shape(self) -> elastic.Shape:
-        return elastic.Shape(getattr(self.model, "_kdist_global_batch", None),
-                             self.model.distribute_strategy.num_replicas_in_sync,
-                             cluster_of_model(self.model).num_workers)
-
-    def _resume_plan(self, saved: dict) -> elastic.ResumePlan:
-        splittable = getattr(self.model, "_kdist_fit_data", None) is not None \
-            and self.model.steps_per_execution == 1
+    def _resume_plan(self, saved: dict, splittable: bool) -> elastic.ResumePlan:
         plan = elastic.resume_plan(saved, self._shape, can_split_a_batch=splittable)
         if plan.message and cluster_of_model(self.model).is_chief:
             print(plan.message, file=sys.stderr, flush=True)
         return plan
 
-    def _partial_batch(self, plan: elastic.ResumePlan):
+    def _partial_batch(self, plan: elastic.ResumePlan, x, y, sample_weight):
         """The unseen examples of the batch holding the saved position, distributed as Keras
         distributes its batches; None when the position ends a batch."""
         if plan.partial is None:
             return None
-        dataset = elastic.examples_between(*self.model._kdist_fit_data, *plan.partial)
+        dataset = elastic.examples_between(x, y, sample_weight, *plan.partial)
         return self.model.distribute_strategy.experimental_distribute_dataset(dataset)
 
     # ------------------------------------------------------------------ save

@@ -124,14 +124,10 @@ def _check_whole_per_replica_batch(before: Shape, now: Shape) -> None:
         f"batch_size=kdist.global_batch_size({per_replica})")
 
 
-def readable_by_position(x, y, sample_weight) -> bool:
-    """True for the inputs `examples_between` can read: a batched `tf.data.Dataset`, or arrays
-    (with `sample_weight` only next to `y`)."""
-    import tensorflow as tf
-
-    if isinstance(x, tf.data.Dataset):
-        return _dataset_batch(x) is not None
-    return _batch_size_of_arrays(x, 1) is not None and (y is not None or sample_weight is None)
+def readable_by_position(x, y, sample_weight, global_batch: int | None) -> bool:
+    """True for the inputs `examples_between` can read: those whose `global_batch_of` is known
+    (a batched `tf.data.Dataset`, or arrays), arrays with `sample_weight` only next to `y`."""
+    return global_batch is not None and (y is not None or sample_weight is None)
 
 
 def examples_between(x, y, sample_weight, first: int, end: int):
@@ -147,14 +143,12 @@ def examples_between(x, y, sample_weight, first: int, end: int):
         tf.nest.map_structure(lambda a: a[first:end], packed)).batch(end - first)
 
 
-def _batch_size_of_arrays(x, batch_size) -> int | None:
+def _is_arrays(x) -> bool:
     import numpy as np
     import tensorflow as tf
 
     leaves = tf.nest.flatten(x)
-    if leaves and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves):
-        return batch_size or 32
-    return None
+    return bool(leaves) and all(isinstance(leaf, (np.ndarray, tf.Tensor)) for leaf in leaves)
 
 
 def global_batch_of(x, batch_size) -> int | None:
@@ -165,7 +159,7 @@ def global_batch_of(x, batch_size) -> int | None:
 
     if isinstance(x, tf.data.Dataset):
         return _dataset_batch(x)
-    return _batch_size_of_arrays(x, batch_size)
+    return (batch_size or 32) if _is_arrays(x) else None
 
 
 def _dataset_batch(dataset) -> int | None:

@@ -31,6 +31,7 @@ import inspect
 from kdist.keras_compat import registry
 
 METHODS = ("fit", "evaluate", "predict")
+FIT_INPUT = ("x", "y", "sample_weight", "batch_size")  # model._kdist_fit_input during a fit
 _installed: list = []
 
 
@@ -39,7 +40,6 @@ def _dispatching(name: str, original):
 
     @functools.wraps(original)
     def method(*args, **kwargs):
-        from kdist import elastic
         from kdist.compression import keras_hook
         from kdist.strategies import cluster_of, is_parameter_server
 
@@ -54,11 +54,8 @@ def _dispatching(name: str, original):
             _check_xla(strategy)
         if name == "fit" and strategy is not None and model.steps_per_execution > 1:
             _check_steps_per_execution(strategy, model.steps_per_execution)
-        if name == "fit":  # BackupAndRestore keeps its position in examples (kdist.elastic)
-            data = [bound.arguments.get(k) for k in ("x", "y", "sample_weight")]
-            model._kdist_global_batch = elastic.global_batch_of(data[0],
-                                                                bound.arguments.get("batch_size"))
-            model._kdist_fit_data = data if elastic.readable_by_position(*data) else None
+        if name == "fit":  # BackupAndRestore reads it to keep its position in examples
+            model._kdist_fit_input = tuple(bound.arguments.get(k) for k in FIT_INPUT)
         if name == "fit" and keras_hook.binding(model) is not None:
             callbacks = bound.arguments.get("callbacks") or []
             bound.arguments["callbacks"] = [keras_hook.PhaseCallback(model.optimizer), *callbacks]
@@ -70,7 +67,7 @@ def _dispatching(name: str, original):
             return original(*bound.args, **bound.kwargs)
         finally:
             if name == "fit":
-                model._kdist_fit_data = None  # no reference to the user's arrays after fit
+                model._kdist_fit_input = None  # no reference to the user's arrays after fit
 
     return method
 

@@ -206,9 +206,12 @@ def test_examples_between_reads_arrays_and_datasets_by_position():
     dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(4)
     (batch_x, batch_y), = elastic.examples_between(dataset, None, None, 5, 9)
     np.testing.assert_array_equal(batch_x[:, 0], [10, 12, 14, 16])
-    assert elastic.readable_by_position(x, y, None) and elastic.readable_by_position(dataset,
-                                                                                     None, None)
-    assert not elastic.readable_by_position(iter([x]), None, None)
+    for inputs in ((x, y, None), (dataset, None, None)):
+        assert elastic.readable_by_position(*inputs, elastic.global_batch_of(inputs[0], 4))
+    assert not elastic.readable_by_position(x, None, np.ones(10), 4)  # weights without labels
+    generator = iter([x])
+    assert not elastic.readable_by_position(generator, None, None,
+                                            elastic.global_batch_of(generator, None))
 
 
 def test_an_input_whose_batch_kdist_cannot_read_is_refused_on_a_resize():

@@ -341,8 +341,9 @@ class Launcher:
             argv, env = self.task_command(task_type, index)
             env = dict(env, PYTHONUNBUFFERED="1")
             env[RESTART_ENV] = str(self.restarts)
-            if self._world_size_change():
-                env[WORLD_SIZE_CHANGE_ENV] = self._world_size_change()
+            change = self._world_size_change()
+            if change:
+                env[WORLD_SIZE_CHANGE_ENV] = change
             try:
                 process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
                                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
