@@ -9,7 +9,7 @@
     kdist tf-config --spec cluster_specs/k8s-ps.yaml --task ps:0 --host-pattern "{role}{index}.lab"
     kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image REGISTRY/train:1 -- python train.py
     kdist k8s simulate --spec cluster_specs/k8s-mwms.yaml -- python train.py   (root: pods as hosts)
-    kdist exec -- python train.py          (inside a pod rendered with --format jobs)
+    kdist exec -- python train.py          (inside a pod rendered by kdist k8s render)
     kdist plan --model examples/plan_model.py:mlp --per-replica-batch 32 --replicas 8 --bandwidth 1Gbit
 """
 
@@ -119,8 +119,10 @@ def _parser() -> argparse.ArgumentParser:
     render.add_argument("--spec", required=True)
     render.add_argument("--image", help="container image (default: the spec's image)")
     render.add_argument("--namespace", type=_namespace, default="default")
-    render.add_argument("--format", default="jobs", choices=["jobs", "tfjob"],
-                        help="jobs: Indexed Jobs + headless Service (no operator); tfjob: Kubeflow")
+    render.add_argument("--format", default="jobs", choices=["jobs", "tfjob", "jobset", "trainjob"],
+                        help="jobs: Indexed Jobs + headless Service (no operator); tfjob: Kubeflow "
+                             "TFJob; jobset: a JobSet; trainjob: a Kubeflow Trainer v2 TrainJob "
+                             "and kdist's TensorFlow TrainingRuntime")
     render.add_argument("--output", help="file to write (default: stdout)")
     render.add_argument("command", nargs=argparse.REMAINDER,
                         help="-- program and arguments (default: the spec's command)")
@@ -130,6 +132,8 @@ def _parser() -> argparse.ArgumentParser:
                          "namespace resolving the Service DNS names (root, iproute2)")
     simulate.add_argument("--spec", required=True)
     simulate.add_argument("--namespace", type=_namespace, default="default")
+    simulate.add_argument("--format", default="jobs", choices=["jobs", "jobset"],
+                          help="rehearse the Indexed Jobs or the JobSet (its pods' DNS names)")
     simulate.add_argument("--timeout", type=_seconds, default=None,
                           help="stop every pod after this many seconds (exit code 124)")
     simulate.add_argument("command", nargs=argparse.REMAINDER,
@@ -160,8 +164,8 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("doctor", help="print the TensorFlow/Keras versions, whether kdist "
                                        "supports them, and the workarounds it installs")
 
-    exec_ = commands.add_parser("exec", help="in a pod: set TF_CONFIG from JOB_COMPLETION_INDEX, "
-                                             "then run the command")
+    exec_ = commands.add_parser("exec", help="in a pod rendered by kdist: set TF_CONFIG from what "
+                                             "the Job or JobSet gives the pod, then run the command")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
     return parser
 
@@ -272,7 +276,7 @@ def _k8s(args) -> int:
         from kdist.k8s.simulate import simulate
 
         check_program(command or list(spec.command or ()))
-        return simulate(spec, command, args.namespace, args.timeout)
+        return simulate(spec, command, args.namespace, args.timeout, fmt=args.format)
     _output_file(args.output, "--output")
     manifests = render.to_yaml(render.render(spec, command, args.namespace, args.image, args.format))
     if args.output:
@@ -284,12 +288,12 @@ def _k8s(args) -> int:
 
 
 def _exec(args) -> int:
-    from kdist.k8s import render
+    from kdist.k8s import pod
     from kdist.launch import check_program
 
     command = _after_dashes(args.command)
     check_program(command)
-    render.exec_with_tf_config(command)  # does not return
+    pod.exec_with_tf_config(command)  # does not return
     return 0
 
 

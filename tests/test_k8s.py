@@ -11,7 +11,7 @@ import yaml
 
 from conftest import run_kdist
 from kdist import ClusterSpecError
-from kdist.k8s import netlab
+from kdist.k8s import netlab, pod
 from kdist.k8s import render as k8s
 from kdist.cluster.spec_file import read_k8s_spec
 
@@ -59,7 +59,7 @@ def test_each_pod_computes_the_tf_config_the_spec_implies(path):
         assert container["command"][:3] == ["kdist", "exec", "--"]
         assert job["spec"]["completions"] == spec.roles[role]
         for index in range(job["spec"]["completions"]):
-            tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": str(index)}))
+            tf_config = json.loads(pod.tf_config({**env, "JOB_COMPLETION_INDEX": str(index)}))
             assert tf_config == {"cluster": expected_cluster,
                                  "task": {"type": role, "index": index}}
 
@@ -132,7 +132,7 @@ def test_evaluator_pod_gets_the_training_cluster_and_its_own_task(tmp_path):
             kubernetes_validate.validate(document, version, strict=True)
     env = {e["name"]: e["value"]
            for e in jobs["ev-evaluator"]["spec"]["template"]["spec"]["containers"][0]["env"]}
-    tf_config = json.loads(k8s.pod_tf_config({**env, "JOB_COMPLETION_INDEX": "0"}))
+    tf_config = json.loads(pod.tf_config({**env, "JOB_COMPLETION_INDEX": "0"}))
     assert tf_config["task"] == {"type": "evaluator", "index": 0}
     assert set(tf_config["cluster"]) == {"chief", "worker"}  # nobody connects to the evaluator
     tfjob = rendered(str(path), fmt="tfjob")[0]
@@ -200,6 +200,9 @@ def test_evicted_and_preempted_pods_do_not_spend_the_backoff_limit():
                 "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]} in rules
         assert {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow",
                                                     "operator": "In", "values": [75]}} in rules
+        assert {"action": "FailJob", "onExitCodes": {"containerName": "tensorflow",  # no restart
+                                                     "operator": "In", "values": [2, 126, 127]}} \
+            in rules  # can fix a usage error or a missing program
         assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
 
 

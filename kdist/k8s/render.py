@@ -1,4 +1,5 @@
-"""Kubernetes manifests from a cluster-spec file: plain Indexed Jobs or a Kubeflow TFJob.
+"""Kubernetes manifests from a cluster-spec file: plain Indexed Jobs, a Kubeflow TFJob, a JobSet
+or a Kubeflow Trainer v2 TrainJob (the last two in `kdist.k8s.jobset`).
 
     kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image registry/train:1 -- python train.py
 
@@ -10,33 +11,24 @@ computes the whole cluster at render time and each pod derives its own TF_CONFIG
 `tfjob`: a Kubeflow TFJob (replica types Chief, Worker, PS, Evaluator, never Master; the container
 is named `tensorflow`; the operator writes TF_CONFIG).
 
-Both come with a NetworkPolicy that admits the gRPC port only from the job's own pods: TensorFlow's
+Each comes with a NetworkPolicy that admits the gRPC port only from the job's own pods: TensorFlow's
 runtime is unauthenticated. ps and worker pods finish when the chief does (`kdist.serve()`). With
 restart_policy Never, each Job's podFailurePolicy replaces evicted pods and pods that exited with
-75 (checkpoint saved on SIGTERM) without spending the backoffLimit, which counts real failures.
+75 (checkpoint saved on SIGTERM) without spending the backoffLimit, which counts real failures, and
+fails the Job at once on an exit no restart can fix (2: usage, 126/127: no program).
 """
 
 from __future__ import annotations
 
 import json
-import os
-import sys
 
-from kdist import exit_codes
 from kdist.cluster.spec import ClusterSpec, ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
+from kdist.k8s import jobset, pod, restarts
 
-CLUSTER_ENV = "KDIST_CLUSTER"  # the job's cluster (TF_CONFIG's "cluster"), computed by kdist
-ROLE_ENV = "KDIST_TASK_TYPE"  # this pod's role
-INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes for Indexed Jobs
+FORMATS = ("jobs", "tfjob", "jobset", "trainjob")
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
 LABEL = "kdist.dev/job"
-# A pod evicted or preempted (DisruptionTarget), or one that saved its backup on SIGTERM and exited
-# with exit_codes.PREEMPTED, is replaced without counting against backoffLimit: it resumes from its backup.
-POD_FAILURE_POLICY = {"rules": [
-    {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
-    {"action": "Ignore", "onExitCodes": {"containerName": "tensorflow", "operator": "In",
-                                         "values": [exit_codes.PREEMPTED]}}]}
 
 
 # The DNS name of a pod of an Indexed Job under the job's headless Service.
@@ -82,12 +74,21 @@ def render(spec: KubernetesSpec, command: list[str], namespace: str = "default",
     if not command:
         raise ClusterSpecError(f"{spec.path}.command", "missing: nothing to run in the pods",
                                "add command: [python, train.py] to the spec or pass -- python train.py")
-    if fmt not in ("jobs", "tfjob"):
-        raise ClusterSpecError("--format", f"{fmt!r} is not a format", "use jobs or tfjob")
+    if fmt not in FORMATS:
+        raise ClusterSpecError("--format", f"{fmt!r} is not a format", "use " + ", ".join(FORMATS))
     cluster = kubernetes_cluster(spec, namespace)  # validates the roles as TF would
-    documents = _jobs(spec, cluster, command, image, namespace) if fmt == "jobs" else \
-        [_tfjob(spec, command, image, namespace)]
-    return documents + [_network_policy(spec, namespace)]
+    labels = {LABEL: spec.name}
+    if fmt == "jobs":
+        documents = _jobs(spec, cluster, command, image, namespace)
+    elif fmt == "tfjob":
+        documents = [_tfjob(spec, command, image, namespace)]
+    elif fmt == "jobset":
+        documents = [jobset.jobset(spec, command, namespace, labels, lambda role, argv, env:
+                                   _container(spec, role, image, argv, env))]
+    else:  # the TrainJob's pods carry JobSet's labels, not kdist's (the runtime is shared)
+        documents = jobset.trainjob(spec, command, image, namespace)
+        labels = {"jobset.sigs.k8s.io/jobset-name": spec.name}
+    return documents + [_network_policy(spec, namespace, labels)]
 
 
 def _container(spec, role, image, command, env):
@@ -108,15 +109,16 @@ def _jobs(spec, cluster, command, image, namespace):
     cluster_json = json.dumps(cluster.jobs, separators=(",", ":"))
     jobs = []
     for role, count in spec.roles.items():
-        env = [{"name": CLUSTER_ENV, "value": cluster_json}, {"name": ROLE_ENV, "value": role}]
-        pod = {"metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
+        env = [{"name": pod.CLUSTER_ENV, "value": cluster_json},
+               {"name": pod.ROLE_ENV, "value": role}]
+        template = {"metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
                "spec": {"subdomain": name, "restartPolicy": spec.restart_policy,
                         "containers": [_container(spec, role, image,
                                                   ["kdist", "exec", "--", *command], env)]}}
         job_spec = {"completionMode": "Indexed", "completions": count, "parallelism": count,
-                    "backoffLimit": spec.backoff_limit, "template": pod}
+                    "backoffLimit": spec.backoff_limit, "template": template}
         if spec.restart_policy == "Never":  # Kubernetes allows the policy only with Never
-            job_spec["podFailurePolicy"] = POD_FAILURE_POLICY
+            job_spec["podFailurePolicy"] = restarts.pod_failure_policy("tensorflow")
         jobs.append({"apiVersion": "batch/v1", "kind": "Job",
                      "metadata": {"name": f"{name}-{role}", "namespace": namespace,
                                   "labels": {LABEL: name}},
@@ -138,47 +140,19 @@ def _tfjob(spec, command, image, namespace):
                      "tfReplicaSpecs": replicas}}
 
 
-def _network_policy(spec, namespace):
-    name = spec.name
+def _network_policy(spec, namespace, labels):
     return {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
-            "metadata": {"name": f"{name}-grpc", "namespace": namespace},
-            "spec": {"podSelector": {"matchLabels": {LABEL: name}}, "policyTypes": ["Ingress"],
-                     "ingress": [{"from": [{"podSelector": {"matchLabels": {LABEL: name}}}],
+            "metadata": {"name": f"{spec.name}-grpc", "namespace": namespace},
+            "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
+                     "ingress": [{"from": [{"podSelector": {"matchLabels": labels}}],
                                   "ports": [{"protocol": "TCP", "port": spec.port}]}]}}
 
 
 def to_yaml(documents: list[dict]) -> str:
     import yaml
 
-    return "---\n".join(yaml.safe_dump(d, sort_keys=False) for d in documents)
+    class Dumper(yaml.SafeDumper):
+        def ignore_aliases(self, data):  # a list shared by two pods is written out twice
+            return True
 
-
-def pod_tf_config(environ=None) -> str:
-    """In a pod of a rendered Indexed Job: this pod's TF_CONFIG, from the environment."""
-    environ = os.environ if environ is None else environ
-    missing = [k for k in (CLUSTER_ENV, ROLE_ENV, INDEX_ENV) if k not in environ]
-    if missing:
-        raise ClusterSpecError(missing[0], "not set: kdist exec runs inside a pod rendered by "
-                               "`kdist k8s render --format jobs`",
-                               "render the manifests with kdist, or set TF_CONFIG yourself")
-    try:
-        jobs = json.loads(environ[CLUSTER_ENV])
-    except json.JSONDecodeError as err:
-        raise ClusterSpecError(CLUSTER_ENV, f"not valid JSON ({err.msg})",
-                               "re-render the manifests with kdist") from None
-    index = environ[INDEX_ENV]
-    if not index.isdigit():
-        raise ClusterSpecError(INDEX_ENV, f"{index!r} is not a completion index",
-                               "use completionMode: Indexed")
-    return ClusterSpec(jobs).with_task(environ[ROLE_ENV], int(index)).tf_config_json()
-
-
-def exec_with_tf_config(command: list[str]) -> None:
-    """`kdist exec -- COMMAND`: sets TF_CONFIG for this pod, then replaces the process."""
-    if not command:
-        raise ClusterSpecError("command", "empty", "give the program to run after '--', e.g. "
-                               "kdist exec -- python train.py")
-    os.environ["TF_CONFIG"] = pod_tf_config()
-    sys.stdout.flush()
-    os.execvp(command[0], command)
-
+    return "---\n".join(yaml.dump(d, Dumper=Dumper, sort_keys=False) for d in documents)
