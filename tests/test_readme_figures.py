@@ -29,11 +29,12 @@ SETTINGS = {
     "95%": "the target accuracy of the compression benchmark",
     "64 x": "the per-replica batch of the examples",
     "1e-5": "the tolerance of the ModelParallelDense equivalence tests",
+    "2 s": "Ray Train's default RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
 }
 WITH_UNIT = re.compile(r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?\s?(?:ms|s|x|%|[KMG]i?B|ns|us|[MG]bit(?:/s)?"
                        r"|bytes)(?!\w)")
 DECIMAL = re.compile(r"(?<![\w.\-/])\d+\.\d+(?:e-?\d+)?(?![\w.])|\d(?:\.\d+)?e-\d+")
-PRODUCT = re.compile(r"tensorflow|\btf\b|keras|python|kubernetes|cc by", re.I)
+PRODUCT = re.compile(r"tensorflow|\btf\b|keras|python|kubernetes|\bray\b|cc by", re.I)
 
 
 def prose(text: str) -> list[str]:
