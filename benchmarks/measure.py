@@ -1,6 +1,23 @@
 """Shared by the benchmarks: time the warm steps of a fit, and read network interface counters."""
 
+import json
+import os
 import time
+
+
+def pin_worker_to_one_core():
+    """Pins this process to core (its TF_CONFIG task index mod the core count), before TF starts
+    any thread; `one_thread` then keeps TF to one op at a time. Two workers on a 2-core machine
+    stop trading cores between rounds, which is most of the round-to-round noise."""
+    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    os.sched_setaffinity(0, {index % os.cpu_count()})
+
+
+def one_thread():
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 def warm_step_times(model, global_batch: int, steps: int, callbacks=()) -> list[float]:

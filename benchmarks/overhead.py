@@ -12,7 +12,9 @@ The same model (examples/plan_model.py's MLP), data and global batch are trained
       MWMS), the other kdist patches uninstalled,
 
 alternating (a) and (b) for --rounds rounds in the same processes: Mirrored over 2 logical CPU
-devices in one process, and MWMS with 2 workers launched by `kdist launch`. Each round times every
+devices in one process, and MWMS with 2 workers launched by `kdist launch`, each worker pinned to
+its own core with one TF thread (as in planner_validation.py: unpinned, the two workers trade the
+2 cores and single rounds drift by up to 1.9x). Each round times every
 step of a warm epoch; the ratio is (a)/(b) of the medians over all rounds' steps, with a bootstrap
 interval over rounds (this 2-core machine's run-to-run noise is larger than the 3% goal). A last
 two rows price the SIGTERM agreement of `BackupAndRestore(save_before_preemption=True)` under MWMS,
@@ -100,8 +102,10 @@ def mirrored(args):
 
 
 def multi_worker(args, out_path):
+    measure.pin_worker_to_one_core()
     import kdist
 
+    measure.one_thread()  # configuration, not an op: allowed before MWMS
     strategy = kdist.strategy()  # MWMS must come first; both paths run on this one strategy object
     global_batch = kdist.global_batch_size(args.batch)
     rows = {"plain": compare(kdist.scope, strategy.scope, NEEDED_UNDER_MWMS, args, global_batch)}
@@ -155,7 +159,8 @@ def main():
     lines = [f"kdist.scope() + fit vs hand-written tf.distribute + fit: median over every warm step "
              f"of {args.rounds} alternating rounds ({args.steps} steps each), MLP "
              f"64-{args.width}-{args.width}-10 unless the row says otherwise, per-replica batch "
-             f"{args.batch}, {os.cpu_count()} CPU cores. The interval resamples whole rounds "
+             f"{args.batch}, {os.cpu_count()} CPU cores, each MWMS worker pinned to one core with one TF "
+             "thread. The interval resamples whole rounds "
              "(bootstrap, 95%).", "",
              "| setting | kdist | by hand | added per step | ratio (goal <= 1.03) | 95% interval "
              "| per-round ratios |",

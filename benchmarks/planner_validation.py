@@ -29,18 +29,11 @@ HOSTS = ["worker-0.plan.test", "worker-1.plan.test"]
 PORT = 2222
 
 
-def one_thread():
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
-
-
 def job(out_path, batch, steps):
     """Runs on each worker, in its namespace."""
     import kdist
 
-    one_thread()  # configuration, not an op: allowed before MWMS
+    measure.one_thread()  # configuration, not an op: allowed before MWMS
     kdist.strategy()
     import numpy as np
 
@@ -56,7 +49,7 @@ def job(out_path, batch, steps):
 
 def measure_t1(batch):
     """In a fresh process: t1 with one CPU thread, as each worker computes."""
-    one_thread()
+    measure.one_thread()
     import plan_model
 
     from kdist import planner
