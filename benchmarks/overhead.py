@@ -19,7 +19,8 @@ step of a warm epoch; the ratio is (a)/(b) of the medians over all rounds' steps
 interval over rounds (this 2-core machine's run-to-run noise is larger than the 3% goal). A last
 two rows price the SIGTERM agreement of `BackupAndRestore(save_before_preemption=True)` under MWMS,
 on the MLP and on a smaller one (64-256-256-10, about the step of issue #16's MLP 256-256-10); the
-goal there is <= 3% and <= 1 ms added per step. Prints a table and saves
+goal there is <= 3% and <= 1 ms added per step. A last row runs the small one with the same
+configuration in both columns: its interval is this machine's noise floor for those rows. Prints a table and saves
 benchmarks/results/overhead.{json,md}.
 """
 
@@ -39,6 +40,8 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 NEEDED_UNDER_MWMS = ("symbolic_build_without_collective", "scalar_metric_reduce")
 PREEMPTION = ("MWMS, MLP 64-{width}-{width}-10: BackupAndRestore(save_before_preemption=True) in the "
               "kdist column vs False in the by-hand column")
+NOISE_FLOOR = (f"noise floor: MWMS, MLP 64-256-256-10, save_before_preemption=False in both "
+               "columns")
 SMALL_WIDTH = 256
 
 
@@ -52,9 +55,10 @@ def warm_steps(strategy_scope, args, global_batch, callbacks=lambda: [], width=N
     return measure.warm_step_times(model, global_batch, args.steps, callbacks())
 
 
-def preemption_agreement(args, global_batch, folder, width):
+def preemption_agreement(args, global_batch, folder, width, notice=True):
     """kdist with BackupAndRestore(save_before_preemption=True) (a) vs False (b), alternating:
-    the cost of the SIGTERM notice (a watcher thread and an integer comparison per step)."""
+    the cost of the SIGTERM notice (a watcher thread and an integer comparison per step). With
+    `notice=False` both columns run without it: the noise floor of the same measurement."""
     import kdist
 
     def backup(save_before_preemption):
@@ -64,8 +68,8 @@ def preemption_agreement(args, global_batch, folder, width):
     rows = {"kdist": [], "raw": []}
     for round_ in range(args.rounds):
         for path in (("kdist", "raw") if round_ % 2 == 0 else ("raw", "kdist")):
-            rows[path].append(warm_steps(kdist.scope, args, global_batch, backup(path == "kdist"),
-                                         width))
+            rows[path].append(warm_steps(kdist.scope, args, global_batch,
+                                         backup(notice and path == "kdist"), width))
     return rows
 
 
@@ -115,6 +119,8 @@ def multi_worker(args, out_path):
     with tempfile.TemporaryDirectory() as folder:
         rows["preemption"] = {width: preemption_agreement(args, global_batch, folder, width)
                               for width in (SMALL_WIDTH, args.width)}
+        rows["noise_floor"] = preemption_agreement(args, global_batch, folder, SMALL_WIDTH,
+                                                   notice=False)
     if kdist.cluster().is_chief:
         with open(out_path, "w") as f:
             json.dump(rows, f)
@@ -154,6 +160,7 @@ def main():
         results["MWMS, 2 workers"] = mwms["plain"]
         for width, rows in mwms["preemption"].items():
             results[PREEMPTION.format(width=width)] = rows
+        results[NOISE_FLOOR] = mwms["noise_floor"]
     import numpy as np
 
     lines = [f"kdist.scope() + fit vs hand-written tf.distribute + fit: median over every warm step "
