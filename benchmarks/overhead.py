@@ -40,7 +40,7 @@ sys.path.insert(0, os.path.join(ROOT, "examples"))
 NEEDED_UNDER_MWMS = ("symbolic_build_without_collective", "scalar_metric_reduce")
 PREEMPTION = ("MWMS, MLP 64-{width}-{width}-10: BackupAndRestore(save_before_preemption=True) in the "
               "kdist column vs False in the by-hand column")
-NOISE_FLOOR = (f"noise floor: MWMS, MLP 64-256-256-10, save_before_preemption=False in both "
+NOISE_FLOOR = ("noise floor: MWMS, MLP 64-256-256-10, save_before_preemption=False in both "
                "columns")
 SMALL_WIDTH = 256
 
