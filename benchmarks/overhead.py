@@ -20,7 +20,9 @@ interval over rounds (this 2-core machine's run-to-run noise is larger than the 
 two rows price the SIGTERM agreement of `BackupAndRestore(save_before_preemption=True)` under MWMS,
 on the MLP and on a smaller one (64-256-256-10, about the step of issue #16's MLP 256-256-10); the
 goal there is <= 3% and <= 1 ms added per step. A last row runs the small one with the same
-configuration in both columns: its interval is this machine's noise floor for those rows. Prints a table and saves
+configuration in both columns: its interval is this machine's noise floor for those rows. A second
+table counts the notice directly in those rows' kdist column (`NoticeClock`): the time inside its
+per-step check and its watcher thread's CPU time, per step. Prints a table and saves
 benchmarks/results/overhead.{json,md}.
 """
 
@@ -30,6 +32,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 
 import measure
 import results_table
@@ -53,6 +56,46 @@ def warm_steps(strategy_scope, args, global_batch, callbacks=lambda: [], width=N
     with strategy_scope():
         model = plan_model.mlp(width or args.width)
     return measure.warm_step_times(model, global_batch, args.steps, callbacks())
+
+
+class NoticeClock:
+    """Direct accounting of the notice in this process, beside the side-by-side timing: the
+    seconds spent inside `PreemptionNotice.step_done` (its per-step check, timer included) and
+    the CPU seconds of its watcher threads (`time.thread_time()` as each ends)."""
+
+    def __init__(self):
+        from kdist import preemption
+
+        self.calls, self.seconds, self.watcher_cpu = 0, 0.0, []
+        step_done, watch = preemption.PreemptionNotice.step_done, preemption.PreemptionNotice._watch
+
+        def timed_step_done(notice):
+            started = time.perf_counter()
+            try:
+                return step_done(notice)
+            finally:
+                self.seconds += time.perf_counter() - started
+                self.calls += 1
+
+        def timed_watch(notice):
+            try:
+                watch(notice)
+            finally:
+                self.watcher_cpu.append(time.thread_time())
+
+        preemption.PreemptionNotice.step_done = timed_step_done
+        preemption.PreemptionNotice._watch = timed_watch
+
+    def take(self) -> dict:
+        """Per step since the last take; waits for the watchers to see their fit has ended."""
+        from kdist import preemption
+
+        time.sleep(2.5 * preemption.POLL_MS / 1000)
+        taken = {"steps": self.calls, "watchers": len(self.watcher_cpu),
+                 "check_us_per_step": 1e6 * self.seconds / max(self.calls, 1),
+                 "watcher_cpu_us_per_step": 1e6 * sum(self.watcher_cpu) / max(self.calls, 1)}
+        self.calls, self.seconds, self.watcher_cpu = 0, 0.0, []
+        return taken
 
 
 def preemption_agreement(args, global_batch, folder, width, notice=True):
@@ -116,9 +159,13 @@ def multi_worker(args, out_path):
     from kdist.scope import install_patches
 
     install_patches()
+    clock = NoticeClock()
     with tempfile.TemporaryDirectory() as folder:
-        rows["preemption"] = {width: preemption_agreement(args, global_batch, folder, width)
-                              for width in (SMALL_WIDTH, args.width)}
+        rows["preemption"], rows["direct"] = {}, {}
+        for width in (SMALL_WIDTH, args.width):
+            clock.take()
+            rows["preemption"][width] = preemption_agreement(args, global_batch, folder, width)
+            rows["direct"][width] = clock.take()
         rows["noise_floor"] = preemption_agreement(args, global_batch, folder, SMALL_WIDTH,
                                                    notice=False)
     if kdist.cluster().is_chief:
@@ -161,6 +208,7 @@ def main():
         for width, rows in mwms["preemption"].items():
             results[PREEMPTION.format(width=width)] = rows
         results[NOISE_FLOOR] = mwms["noise_floor"]
+        direct = mwms["direct"]
     import numpy as np
 
     lines = [f"kdist.scope() + fit vs hand-written tf.distribute + fit: median over every warm step "
@@ -188,6 +236,19 @@ def main():
         lines.append(f"| {name} | {kdist_ms:.2f} ms | {raw_ms:.2f} ms | "
                      f"{kdist_ms - raw_ms:+.2f} ms | {ratio:.3f} | {low:.3f}-{high:.3f} | "
                      f"{per_round} |")
+    lines += ["", "The notice counted directly in the kdist column of rows 3 and 4 (chief process, "
+              "every step of every round): time inside its per-step check, and its watcher "
+              "thread's CPU time, per step.", "",
+              "| model | kdist step | per-step check | watcher CPU | added per step | share of "
+              "the step |", "|---|---|---|---|---|---|"]
+    for width, taken in direct.items():
+        step_ms = float(np.median(sum(results[PREEMPTION.format(width=width)]["kdist"], []))) * 1e3
+        added_us = taken["check_us_per_step"] + taken["watcher_cpu_us_per_step"]
+        lines.append(f"| MLP 64-{width}-{width}-10 | {step_ms:.2f} ms | "
+                     f"{taken['check_us_per_step']:.1f} us | "
+                     f"{taken['watcher_cpu_us_per_step']:.1f} us | {added_us / 1e3:.4f} ms | "
+                     f"{added_us / 1e3 / step_ms:.3%} |")
+    results["direct accounting"] = direct
     results_table.save("overhead", "\n".join(lines), results)
 
 
