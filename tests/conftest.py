@@ -56,3 +56,30 @@ def no_orphans():
     for process in left:
         process.kill()
     assert not left, f"processes left running: {[p.cmdline() for p in left]}"
+
+
+@pytest.fixture
+def netns():
+    """Network namespaces (root, iproute2) for the multi-host tests: skipped where there are none,
+    except in CI (.ci/run sets KDIST_REQUIRE_NETNS, so they always run there). Afterwards no `kd*`
+    namespace may be left behind."""
+    from kdist.k8s import netlab
+
+    reason = netlab.unavailable_reason()
+    if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):
+        pytest.skip(reason)
+    yield
+    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert not [line for line in left.splitlines() if line.startswith("kd")], left
+
+
+def simulate_mnist_pods(*format_args):
+    """`kdist k8s simulate` of cluster_specs/k8s-mwms.yaml training examples/mnist_multiworker.py
+    for one epoch, every pod in its own network namespace: asserts it succeeds, returns stdout."""
+    result = run_kdist(["k8s", "simulate", "--spec", "cluster_specs/k8s-mwms.yaml", *format_args,
+                        "--timeout", "240", "--", sys.executable, "examples/mnist_multiworker.py",
+                        "--data=digits", "--epochs=1"], timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[worker-1] kdist: strategy multi_worker" in result.stdout
+    assert "[worker-0] uci_digits: test accuracy" in result.stdout
+    return result.stdout

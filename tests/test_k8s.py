@@ -1,7 +1,6 @@
 """Kubernetes manifests from cluster specs: offline schema validation, per-pod TF_CONFIG, errors."""
 
 import json
-import os
 import subprocess
 import sys
 
@@ -9,10 +8,9 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import run_kdist
+from conftest import run_kdist, simulate_mnist_pods
 from kdist import ClusterSpecError
 from kdist.k8s import netlab, pod
-from kdist.k8s import render as k8s
 from kdist.cluster.spec_file import read_k8s_spec
 
 PRESETS = ["cluster_specs/k8s-mwms.yaml", "cluster_specs/k8s-ps.yaml"]
@@ -152,28 +150,14 @@ def test_tf_config_host_pattern_names_every_task(tmp_path):
         assert result.returncode == 2 and "--host-pattern" in result.stderr and words in result.stderr
 
 
-def test_rendered_mwms_pods_train_as_separate_hosts_resolving_service_dns_names():
+def test_rendered_mwms_pods_train_as_separate_hosts_resolving_service_dns_names(netns):
     """`kdist k8s simulate`: each pod in its own network namespace and address, /etc/hosts for the
     Service DNS names, the pod's own command and env -> MWMS training completes."""
-    reason = netlab.unavailable_reason()
-    if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):  # .ci/run sets it: never skipped in CI
-        pytest.skip(reason)
-    result = run_kdist(["k8s", "simulate", "--spec", "cluster_specs/k8s-mwms.yaml", "--timeout",
-                        "240", "--", sys.executable, "examples/mnist_multiworker.py",
-                        "--data=digits", "--epochs=1"], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert ("started 2 task(s): worker-0=mnist-mwms-worker-0.mnist-mwms.default.svc:2222, "
-            "worker-1=mnist-mwms-worker-1.mnist-mwms.default.svc:2222") in result.stdout
-    assert "[worker-1] kdist: strategy multi_worker" in result.stdout
-    assert "[worker-0] uci_digits: test accuracy" in result.stdout
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not [line for line in left.splitlines() if line.startswith("kd")], left
+            "worker-1=mnist-mwms-worker-1.mnist-mwms.default.svc:2222") in simulate_mnist_pods()
 
 
-def test_network_namespaces_resolve_each_other_and_carry_traffic():
-    reason = netlab.unavailable_reason()
-    if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):
-        pytest.skip(reason)
+def test_network_namespaces_resolve_each_other_and_carry_traffic(netns):
     server = "import socket; s = socket.create_server(('', 7777)); c, _ = s.accept(); " \
              "c.sendall(socket.gethostbyname('a.test').encode())"
     # The client retries until the server listens (a busy machine may take seconds to start it).
@@ -220,10 +204,7 @@ def test_render_writes_the_output_file_with_the_command_after_dashes_and_the_spe
     assert container["command"] == ["kdist", "exec", "--", "python", "train.py", "--epochs", "2"]
 
 
-def test_simulate_in_another_namespace_stops_at_its_timeout_with_124():
-    reason = netlab.unavailable_reason()
-    if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):
-        pytest.skip(reason)
+def test_simulate_in_another_namespace_stops_at_its_timeout_with_124(netns):
     result = run_kdist(["k8s", "simulate", "--spec", "cluster_specs/k8s-mwms.yaml", "--namespace",
                         "team-a", "--timeout", "3", "--", sys.executable, "-c",
                         "import os, time; print(os.environ['KDIST_CLUSTER']); time.sleep(60)"],

@@ -2,19 +2,17 @@
 the TF_CONFIG each pod derives from what JobSet gives it, failure rules, and a rehearsal."""
 
 import json
-import os
-import subprocess
 import sys
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from conftest import run_kdist
+from conftest import run_kdist, simulate_mnist_pods
 from fixtures import trainer_models
 from kdist import ClusterSpecError
 from kdist.cluster.spec_file import read_k8s_spec
-from kdist.k8s import netlab, pod, render, simulate
+from kdist.k8s import pod, render, simulate
 
 PRESETS = ["cluster_specs/k8s-mwms.yaml", "cluster_specs/k8s-ps.yaml"]
 # Written out by hand: JobSet names pod i of replicated job R (one Job) <set>-<R>-0-<i>, under the
@@ -159,20 +157,10 @@ def test_kdist_exec_names_the_pod_field_it_cannot_use(change, field, words):
     assert field in result.stderr and words in result.stderr, result.stderr
 
 
-def test_rendered_jobset_pods_train_as_separate_hosts():
+def test_rendered_jobset_pods_train_as_separate_hosts(netns):
     """`kdist k8s simulate --format jobset`: every pod in its own network namespace, reached by the
     DNS name JobSet gives it, its TF_CONFIG derived from the (emulated) downward API."""
-    reason = netlab.unavailable_reason()
-    if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):  # .ci/run sets it: never skipped in CI
-        pytest.skip(reason)
-    result = run_kdist(["k8s", "simulate", "--spec", "cluster_specs/k8s-mwms.yaml", "--format",
-                        "jobset", "--namespace", "ml", "--timeout", "240", "--", sys.executable,
-                        "examples/mnist_multiworker.py", "--data=digits", "--epochs=1"], timeout=300)
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert ("started 2 task(s): worker-0=mnist-mwms-worker-0-0.mnist-mwms.ml.svc:2222, "
-            "worker-1=mnist-mwms-worker-0-1.mnist-mwms.ml.svc:2222") in result.stdout
-    assert "[worker-1] kdist: strategy multi_worker" in result.stdout
-    assert "[worker-0] uci_digits: test accuracy" in result.stdout
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not [line for line in left.splitlines() if line.startswith("kd")], left
+            "worker-1=mnist-mwms-worker-0-1.mnist-mwms.ml.svc:2222") in \
+        simulate_mnist_pods("--format", "jobset", "--namespace", "ml")
 

@@ -58,7 +58,8 @@ def _job_template(spec: KubernetesSpec, container: dict, pod_labels: dict, count
 def _set_policies(spec: KubernetesSpec, replicated_jobs: list[dict], target: str) -> dict:
     return {"network": {"enableDNSHostnames": True, "publishNotReadyAddresses": True},
             "successPolicy": {"operator": "All", "targetReplicatedJobs": [target]},
-            "failurePolicy": {"maxRestarts": spec.backoff_limit, "rules": restarts.JOBSET_FAILURE_RULES},
+            "failurePolicy": {"maxRestarts": spec.backoff_limit,
+                              "rules": restarts.JOBSET_FAILURE_RULES},
             "replicatedJobs": replicated_jobs}
 
 
@@ -97,7 +98,8 @@ def trainjob(spec: KubernetesSpec, command: list[str], image: str, namespace: st
                         "template": {"spec": _set_policies(spec, [node], pod.TRAINER_NODE)}}}
     workers = spec.roles["worker"]
     trainer = {"numNodes": workers, "image": image, "args": list(command),
-               "env": [{"name": pod.ROLES_ENV, "value": pod.encode_roles({pod.TRAINER_NODE: workers})},
+               "env": [{"name": pod.ROLES_ENV,
+                        "value": pod.encode_roles({pod.TRAINER_NODE: workers})},
                        {"name": pod.PORT_ENV, "value": str(spec.port)}]}
     if spec.resources.get("worker"):
         trainer["resourcesPerNode"] = spec.resources["worker"]

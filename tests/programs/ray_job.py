@@ -5,13 +5,14 @@ Starts a local Ray cluster on loopback (this machine's CPUs, no dashboard) and r
 OUT_DIR/ray_only. Their loop is what a Ray user writes: ``kdist.scope()``, a Keras MLP on the UCI
 digits (no shuffling), `fit` with `ReportCheckpoint` (and in with_backup PowerSGD rank 4 gradient
 compression and kdist's `BackupAndRestore(save_freq=5)` after it), then `evaluate`. With
---kill-at-step S, rank 1 SIGKILLs itself KILL_DELAY seconds after step S of epoch 1 on the first attempt;
-`FailureConfig(max_failures=1)` has Ray start the group again.
+--kill-at-step S, rank 1 SIGKILLs itself KILL_DELAY seconds after step S of epoch 1 on the first
+attempt; `FailureConfig(max_failures=1)` has Ray start the group again.
 
 In each job's folder, each worker appends {"rank", "attempt", "epoch", "step", "iterations"} of
 its first trained step per attempt (iterations: the optimizer's step count at train begin) to
-first-steps.jsonl, and at the end writes weights-<rank>.npy and accuracy-<rank>. The driver prints one JSON line: Ray's start-up seconds and, per job, its fit seconds,
-final metrics, and each kept checkpoint's metrics and files.
+first-steps.jsonl, and at the end writes weights-<rank>.npy and accuracy-<rank>. The driver prints
+one JSON line: Ray's start-up seconds and, per job, its fit seconds, final metrics, and each kept
+checkpoint's metrics and files.
 """
 
 import argparse
