@@ -39,7 +39,7 @@ def build(name: str, cluster, options: StrategyOptions):
     """Builds strategy `name` for `cluster` with `options`; `cluster_of()` then finds the cluster."""
     strategy = _module(name).build(cluster, options)
     if not (name == "default" and options.devices is None):  # TF's global default strategy
-        registry.remember(strategy, cluster)
+        registry.remember(strategy, cluster, options)
     return strategy
 
 

@@ -13,6 +13,7 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 ALL_REDUCE = ("auto", "ring", "nccl")
+PS_EVALUATION = ("workers", "chief")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,6 +33,12 @@ class StrategyOptions:
             heartbeat.
         variable_partitioner: ParameterServer only; a `tf.distribute.experimental.partitioners`
             partitioner that shards large variables over the ps tasks.
+        ps_evaluation: ParameterServer only; ``"workers"`` (default): `evaluate` and `fit`'s
+            validation run on the workers, each example counted exactly once
+            (`kdist.ps.evaluation`); ``"chief"``: they run on the chief alone.
+        ps_shard_input: ParameterServer only; True: a dataset function (or NumPy input) is read
+            as one input pipeline per worker, so each worker reads a disjoint part of the data
+            (the `InputContext` names the worker); False (default): every worker reads it all.
     """
 
     devices: tuple[str, ...] | None = None
@@ -40,6 +47,8 @@ class StrategyOptions:
     collective_timeout: float | None = None
     dead_peer_timeout: float = 60.0
     variable_partitioner: Callable | None = None
+    ps_evaluation: str = "workers"
+    ps_shard_input: bool = False
 
     def __post_init__(self):
         if self.devices is not None:
@@ -55,6 +64,12 @@ class StrategyOptions:
                 isinstance(self.collective_timeout, (int, float)) and self.collective_timeout > 0):
             raise ValueError(f"collective_timeout={self.collective_timeout!r}: use a positive number "
                              "of seconds, or None to wait forever")
+        if self.ps_evaluation not in PS_EVALUATION:
+            raise ValueError(f"ps_evaluation={self.ps_evaluation!r}: use 'workers' (shards over the "
+                             "workers, exactly once) or 'chief' (the chief alone)")
+        if not isinstance(self.ps_shard_input, bool):
+            raise ValueError(f"ps_shard_input={self.ps_shard_input!r}: use True (each worker reads "
+                             "its own part of the data) or False (every worker reads all of it)")
         if isinstance(self.dead_peer_timeout, bool) or not (
                 isinstance(self.dead_peer_timeout, (int, float)) and self.dead_peer_timeout >= 3):
             raise ValueError(f"dead_peer_timeout={self.dead_peer_timeout!r}: use a number of seconds "

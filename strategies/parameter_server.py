@@ -2,7 +2,7 @@
 
 from kdist.strategies.options import StrategyOptions
 
-OPTIONS = frozenset({"variable_partitioner"})
+OPTIONS = frozenset({"variable_partitioner", "ps_evaluation", "ps_shard_input"})
 
 
 def build(cluster, options: StrategyOptions):

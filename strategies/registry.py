@@ -12,13 +12,21 @@ from __future__ import annotations
 import weakref
 
 from kdist.cluster.spec import ClusterSpec
+from kdist.strategies.options import StrategyOptions
 
 _specs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_options: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def remember(strategy, spec: ClusterSpec) -> None:
-    """Records that kdist built `strategy` for `spec`."""
+def remember(strategy, spec: ClusterSpec, options: StrategyOptions) -> None:
+    """Records that kdist built `strategy` for `spec` with `options`."""
     _specs[strategy] = spec
+    _options[strategy] = options
+
+
+def options_of(strategy) -> StrategyOptions:
+    """The options kdist built `strategy` with; the defaults for a strategy built by hand."""
+    return _options.get(strategy, StrategyOptions()) if strategy is not None else StrategyOptions()
 
 
 def built_by_kdist(strategy) -> bool:

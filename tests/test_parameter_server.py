@@ -7,6 +7,7 @@ the chief trains (killing worker 1 mid-fit), the others serve and exit by themse
 import json
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import run_kdist
@@ -137,13 +138,83 @@ def test_every_server_exits_by_itself_after_the_chief(trained):
     assert "grace period over" not in trained["stdout"]
 
 
-def test_a_killed_ps_fails_clearly_and_the_restarted_job_resumes_from_backup(tmp_path):
-    result = launch_ps_job(tmp_path, "kill_ps", extra=["--max-restarts", "1"])
+@pytest.fixture(scope="module")
+def ps_killed(tmp_path_factory):
+    """kill_ps under kdist.scope(ps_evaluation="chief"), restarted once by the launcher."""
+    out = tmp_path_factory.mktemp("kill_ps")
+    result = launch_ps_job(out, "kill_ps", extra=["--max-restarts", "1"])
     assert result.returncode == 0, result.stdout[-4000:]
-    report = json.load(open(tmp_path / "kill_ps-0.json"))
-    assert report["error"].startswith("ps:1 failed during training")
-    assert "BackupAndRestore" in report["error"]
-    assert "chief-0 exited with code 3" in result.stdout
-    assert "restarting every task (1/1)" in result.stdout
-    report = json.load(open(tmp_path / "kill_ps-1.json"))
-    assert report["epochs_run"] == 2  # epoch 0 came from the backup written before the ps died
+    return {"first": json.load(open(out / "kill_ps-0.json")),
+            "restarted": json.load(open(out / "kill_ps-1.json")), "stdout": result.stdout}
+
+
+def test_a_killed_ps_fails_clearly_and_the_restarted_job_resumes_from_backup(ps_killed):
+    error = ps_killed["first"]["error"]
+    assert error.startswith("ps:1 failed during training") and "BackupAndRestore" in error
+    assert "chief-0 exited with code 3" in ps_killed["stdout"]
+    assert "restarting every task (1/1)" in ps_killed["stdout"]
+    # epoch 0 came from the backup written before the ps died
+    assert ps_killed["restarted"]["epochs_run"] == 2
+
+
+def test_chief_evaluation_stays_available_and_exact(ps_killed):
+    """After the resumed fit, evaluate on the chief (ps_evaluation="chief") equals a plain Keras
+    evaluation of the same weights."""
+    evaluation = ps_killed["restarted"]["evaluate"]
+    assert evaluation["examples"] == 600.0
+    assert evaluation["accuracy"] == pytest.approx(ps_killed["restarted"]["reference_accuracy"],
+                                                   abs=1e-6)
+
+
+@pytest.fixture(scope="module")
+def on_workers(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ps_workers")
+    result = launch_ps_job(out, "workers")
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    return json.load(open(out / "workers.json"))
+
+
+def test_evaluation_on_the_workers_counts_every_example_once_while_a_worker_dies(on_workers):
+    """20,000 examples in 2 shards; worker 1 is SIGKILLed while they run: the coordinator runs its
+    shard again on worker 0, and no example is lost or counted twice."""
+    assert on_workers["killed_pid"]
+    evaluation = on_workers["evaluate"]
+    assert evaluation["examples"] == 20000.0
+    assert evaluation["accuracy"] == pytest.approx(on_workers["reference_accuracy"], abs=1e-6)
+    assert evaluation["loss"] == pytest.approx(on_workers["reference_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize("source", ["numpy", "function"])
+def test_ps_shard_input_gives_each_worker_its_own_part_of_the_data(on_workers, source):
+    even, odd = on_workers[f"ids_{source}"]
+    assert even == list(range(0, 256, 2)) and odd == list(range(1, 256, 2))
+
+
+def test_ps_shard_input_refuses_a_dataset_object_with_the_fix(on_workers):
+    assert "ps_shard_input=True needs the training data as a dataset function" in \
+        on_workers["dataset_object_refused"]
+
+
+def test_a_metric_that_does_not_aggregate_by_sum_is_refused_for_worker_evaluation():
+    import keras
+
+    from kdist.ps import evaluation
+
+    class Latest(keras.metrics.Metric):
+        def __init__(self):
+            super().__init__(name="latest")
+            self.value_ = self.add_variable(shape=(), initializer="zeros", name="value",
+                                            aggregation="only_first_replica")
+
+        def update_state(self, y_true, y_pred, sample_weight=None):
+            self.value_.assign(keras.ops.mean(y_pred))
+
+        def result(self):
+            return self.value_
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse", metrics=[Latest()])
+    model.evaluate(np.zeros((4, 2)), np.zeros((4, 1)), verbose=0)  # builds the metrics
+    with pytest.raises(ValueError, match=r"latest/value aggregates by 'only_first_replica'.*"
+                                         r"ps_evaluation='chief'"):
+        evaluation._summable_metric_variables(model)

@@ -94,6 +94,8 @@ def test_environment_overrides_auto(monkeypatch):
     ({"collective_timeout": 0}, "collective_timeout=0"),
     ({"devices": []}, "devices=[]"),
     ({"dead_peer_timeout": 2}, "dead_peer_timeout=2: use a number of seconds >= 3"),
+    ({"ps_evaluation": "ps"}, "ps_evaluation='ps': use 'workers'"),
+    ({"ps_shard_input": "yes"}, "ps_shard_input='yes': use True"),
 ])
 def test_bad_options_are_rejected(options, words):
     with pytest.raises((TypeError, ValueError)) as info:

@@ -6,10 +6,13 @@ ClusterCoordinator loop:
 
 - training data becomes a per-worker dataset, repeated: a `tf.data.Dataset`, a function
   `fn(input_context) -> Dataset`, or NumPy arrays (shuffled, batched by `batch_size`). TensorFlow
-  traces the pipeline once on the chief and runs a copy on every worker, and its input context is
+  traces the pipeline once on the chief and runs a copy on every worker. Its input context is
   always one pipeline (`num_input_pipelines=1`, TF 2.21 parameter_server_strategy_v2.py: "no
-  synchronization beyond a worker"): workers cannot shard by input context, each reads the whole
-  pipeline. Shuffle without a fixed seed so that the workers' streams differ (NumPy input does);
+  synchronization beyond a worker"), so by default each worker reads the whole pipeline: shuffle
+  without a fixed seed so that the workers' streams differ (NumPy input does). With
+  `kdist.scope(ps_shard_input=True)` the context has one pipeline per worker and the worker's
+  index as `input_pipeline_id` (a tensor: use it in dataset ops such as `shard`), and NumPy input
+  is sharded the same way: each worker repeats its own disjoint part;
 - `steps_per_epoch` is required: an epoch is that many steps scheduled on whichever worker is free,
   `steps_per_execution` steps per scheduled function;
 - training is asynchronous SGD: each worker reads the current variables from the ps, computes a
@@ -19,8 +22,9 @@ ClusterCoordinator loop:
   the epoch logs count every step of the epoch once; batch-level callbacks see no logs;
 - a worker that dies is replaced by the coordinator (its steps are rescheduled); a ps that dies
   fails `fit` with `ParameterServerFailure` (rerun: `BackupAndRestore` resumes);
-- `evaluate` and `predict` run on the chief, reading the variables from the ps: every example is
-  visited exactly once (the coordinator's at-least-once rescheduling could count some twice).
+- `evaluate` (and `fit`'s validation) shards the data over the workers, every example counted
+  exactly once even when a worker fails (`kdist.ps.evaluation`), or runs on the chief with
+  `kdist.scope(ps_evaluation="chief")`; `predict` runs on the chief, rows in input order.
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from __future__ import annotations
 import re
 
 import numpy as np
+
+from kdist.ps import evaluation
+from kdist.strategies.registry import options_of
 
 
 class ParameterServerFailure(RuntimeError):
@@ -148,6 +155,12 @@ def join_scheduled(strategy) -> None:
             "completed epoch") from err
 
 
+def _num_workers(strategy) -> int:
+    from kdist.strategies import cluster_of
+
+    return len(cluster_of(strategy).jobs["worker"])
+
+
 def _unreachable_ps(strategy) -> list[str]:
     """Indices of the ps tasks whose address refuses a TCP connection now."""
     import socket
@@ -168,7 +181,8 @@ def _unreachable_ps(strategy) -> list[str]:
 # ------------------------------------------------------------------------------------- evaluate
 def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weight=None,
              steps=None, callbacks=None, return_dict=False, **kwargs):
-    """Runs on the chief over the whole dataset: every example exactly once."""
+    """Every example exactly once: sharded over the workers (`kdist.ps.evaluation`), or on the
+    chief with `kdist.scope(ps_evaluation="chief")`."""
     import tensorflow as tf
 
     _reject_unsupported(**kwargs)
@@ -177,9 +191,13 @@ def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weig
     callbacks = _callback_list(model, callbacks, verbose, steps)
     callbacks.on_test_begin()
     model.reset_metrics()
-    test_step = _cached_function(model, "test", lambda: tf.function(model.test_step))
-    _run_on_chief(dataset, test_step, callbacks.on_test_batch_begin,
-                  lambda step, outputs: callbacks.on_test_batch_end(step, None))
+    strategy = model.distribute_strategy
+    if options_of(strategy).ps_evaluation == "workers":
+        evaluation.run(model, dataset, callbacks, coordinator(strategy), _num_workers(strategy))
+    else:
+        test_step = _cached_function(model, "test", lambda: tf.function(model.test_step))
+        _run_on_chief(dataset, test_step, callbacks.on_test_batch_begin,
+                      lambda step, outputs: callbacks.on_test_batch_end(step, None))
     logs = _metrics(model)
     callbacks.on_test_end(logs)
     return logs if return_dict else model._flatten_metrics_in_order(logs)
@@ -249,11 +267,34 @@ def _per_worker_dataset(strategy, x, train_data):
     its graph and each worker runs a copy); a dataset built inside a function that captures it
     would not (its tensors live on the chief: "Unable to parse tensor proto").
     """
+    shard = options_of(strategy).ps_shard_input
     if _is_dataset(x):
+        if shard:
+            raise ValueError(
+                "ps_shard_input=True needs the training data as a dataset function "
+                "fn(input_context) or NumPy arrays: a tf.data.Dataset object goes whole to every "
+                "worker. Pass fit(lambda context: <your dataset>.shard(context.num_input_pipelines, "
+                "context.input_pipeline_id), ...), or drop ps_shard_input")
         return coordinator(strategy).create_per_worker_dataset(
             strategy.experimental_distribute_dataset(x.repeat()))
+    if shard:
+        workers = _num_workers(strategy)
+        return coordinator(strategy).create_per_worker_dataset(
+            lambda: strategy.distribute_datasets_from_function(
+                lambda context: train_data(_worker_context(context, workers))))
     return coordinator(strategy).create_per_worker_dataset(
         lambda: strategy.distribute_datasets_from_function(train_data))
+
+
+def _worker_context(context, workers: int):
+    """TF's input context with one input pipeline per worker: the id is this worker's index (a
+    tensor, known where the pipeline runs)."""
+    import tensorflow as tf
+
+    return tf.distribute.InputContext(
+        num_input_pipelines=workers,
+        input_pipeline_id=tf.distribute.coordinator.experimental_get_current_worker_index(),
+        num_replicas_in_sync=context.num_replicas_in_sync)
 
 
 def _is_dataset(x) -> bool:
@@ -280,6 +321,8 @@ def _training_dataset_fn(x, y, sample_weight, batch_size, shuffle):
 
     def from_arrays(context):
         dataset = tf.data.Dataset.from_tensor_slices(arrays)
+        if context is not None:  # one pipeline (TF's) unless ps_shard_input: then the worker's part
+            dataset = dataset.shard(context.num_input_pipelines, context.input_pipeline_id)
         if shuffle:
             dataset = dataset.shuffle(size, reshuffle_each_iteration=True)
         return dataset.repeat().batch(batch_size or 32)

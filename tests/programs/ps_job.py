@@ -11,6 +11,9 @@ chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
              same fit resumes from the backup. Writes OUT/kill_ps-<restart>.json.
   sharded    the strategy has a variable_partitioner (the tutorials' way to shard over the ps):
              fit must refuse its ShardedVariables with the fix, before any step runs
+  workers    ps_shard_input=True: which example ids each worker trained on, from NumPy input
+             and from a dataset function; then evaluation on the workers with worker 1 SIGKILLed
+             while shards run
 """
 
 import json
@@ -30,7 +33,8 @@ import tensorflow as tf  # noqa: E402
 partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
     min_shard_bytes=256, max_shards=2) if mode == "sharded" else None
 # ps/worker tasks serve here and exit when the chief is done
-strategy = kdist.strategy(variable_partitioner=partitioner)
+options = {"workers": {"ps_shard_input": True}, "kill_ps": {"ps_evaluation": "chief"}}
+strategy = kdist.strategy(variable_partitioner=partitioner, **options.get(mode, {}))
 
 from kdist.ps import ParameterServerFailure  # noqa: E402
 
@@ -71,6 +75,36 @@ class KillAtEpoch(keras.callbacks.Callback):
                         report["killed_pid"] = process.pid
                 except (psutil.AccessDenied, psutil.NoSuchProcess):
                     pass
+
+
+class KillAtTestBatch(KillAtEpoch):
+    """SIGKILLs one task when evaluation schedules shard `batch` (earlier shards are running)."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        pass
+
+    def on_test_batch_begin(self, batch, logs=None):
+        if batch == self.epoch:
+            KillAtEpoch.on_epoch_begin(self, batch)
+
+
+class Visits(keras.metrics.Metric):
+    """How often each worker trained on each example id (the id is feature 0)."""
+
+    def __init__(self, workers, examples, name="visits", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.counts = self.add_variable(shape=(workers, examples), initializer="zeros",
+                                        name="counts")
+
+    def update_state(self, ids, y_pred=None, sample_weight=None):
+        worker = tf.distribute.coordinator.experimental_get_current_worker_index()
+        ids = tf.cast(ids, "int32")
+        indices = tf.stack([tf.fill(tf.shape(ids), tf.cast(worker, "int32")), ids], axis=1)
+        self.counts.assign_add(tf.scatter_nd(indices, tf.ones_like(ids, "float32"),
+                                             self.counts.shape))
+
+    def result(self):
+        return tf.reduce_sum(self.counts)
 
 
 def make_model():
@@ -166,6 +200,49 @@ elif mode == "sharded":
     except ValueError as err:
         report["sharded_refused"] = str(err)
     report["iterations"] = int(model.optimizer.iterations.numpy())
+elif mode == "workers":
+    ids = np.arange(256)
+    features = np.concatenate([ids[:, None], rng.normal(size=(256, 7))], axis=1).astype("float32")
+    labels = (features[:, 1] > 0).astype("int32")
+    for source in ("numpy", "function"):
+        with kdist.scope():
+            inputs = keras.Input((8,))
+            id_model = keras.Model(inputs, keras.layers.Dense(2)(inputs))
+            visits = Visits(2, 256)
+            id_model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+        def train_step_ids(data, visits=visits):
+            visits.update_state(data[0][:, 0], None)  # records ids; nothing to train
+            return {}
+
+        id_model.train_step = train_step_ids
+        if source == "numpy":
+            id_model.fit(features, labels, batch_size=BATCH, epochs=1, steps_per_epoch=48,
+                         verbose=0)
+        else:
+            def sharded(context):
+                dataset = tf.data.Dataset.from_tensor_slices((features, labels))
+                return dataset.shard(context.num_input_pipelines,
+                                     context.input_pipeline_id).batch(BATCH)
+
+            id_model.fit(sharded, epochs=1, steps_per_epoch=48, verbose=0)
+        counts = visits.counts.numpy()
+        report[f"ids_{source}"] = [np.flatnonzero(row).tolist() for row in counts]
+    model = make_model()
+    model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=STEPS, verbose=0)
+    big_x = rng.normal(size=(20000, 8)).astype("float32")
+    big_y = (big_x[:, :4].sum(1) > big_x[:, 4:].sum(1)).astype("int32")
+    report["evaluate"] = model.evaluate(big_x, big_y, batch_size=50, return_dict=True, verbose=0,
+                                        callbacks=[KillAtTestBatch("worker", 1, epoch=1)])
+    local = model(big_x).numpy()
+    report["reference_accuracy"] = float((local.argmax(1) == big_y).mean())
+    report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
+        big_y, local))
+    try:
+        make_model().fit(tf.data.Dataset.from_tensor_slices((x, y)).batch(BATCH), epochs=1,
+                         steps_per_epoch=2, verbose=0)
+    except ValueError as err:
+        report["dataset_object_refused"] = str(err)
 else:
     model = make_model()
     backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))
@@ -177,6 +254,9 @@ else:
                             callbacks=callbacks)
         report["epochs_run"] = len(history.history["loss"])
         report["final_loss"] = history.history["loss"][-1]
+        report["evaluate"] = model.evaluate(x, y, batch_size=50, return_dict=True, verbose=0)
+        local = model(x).numpy()
+        report["reference_accuracy"] = float((local.argmax(1) == y).mean())
     except ParameterServerFailure as err:
         report["error"] = str(err)
 
