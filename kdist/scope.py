@@ -107,12 +107,14 @@ def _rebuild_refused(options: dict, spec) -> str:
 
 
 @contextlib.contextmanager
-def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, **options):
+def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps_sync="async",
+          **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
     `compression` (a `kdist.compression.Compressor`) and `aggregate_every` (all-reduce every k
     steps, accumulating locally) apply to the models compiled inside the block, under Mirrored and
-    MultiWorkerMirrored.
+    MultiWorkerMirrored. `ps_sync` (``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"``,
+    `kdist.ps.sync`) is how parameter-server updates of those models synchronise.
 
     On the ps and worker tasks of a parameter-server cluster it never returns: the process serves
     the chief (`kdist.serve()`) and exits when the chief is done.
@@ -124,6 +126,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, **
     `kdist.scope(...)` enters that same strategy. Create models and call `compile()` inside.
     """
     from kdist.compression import keras_hook  # needs Keras: imported on use
+    from kdist.ps import sync
 
     chosen = _build_or_reuse(strategy, options)
     if (compression is not None or aggregate_every != 1) and strategies.is_parameter_server(chosen):
@@ -132,7 +135,12 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, **
             "no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
             "from the ps and writes the updated float32 values back, so casting or compressing "
             "gradients would not shrink that traffic")
-    with chosen.scope(), keras_hook.activated(compression, aggregate_every):
+    if sync.SyncMode.parse(ps_sync).kind != "async" and not strategies.is_parameter_server(chosen):
+        raise ValueError(f"ps_sync={ps_sync!r} is for ParameterServerStrategy; this scope runs "
+                         f"{type(chosen).__name__}, whose replicas all-reduce every step "
+                         "(synchronous already). Drop ps_sync, or add ps tasks to the cluster")
+    with chosen.scope(), keras_hook.activated(compression, aggregate_every), \
+            sync.activated(ps_sync):
         yield chosen
 
 

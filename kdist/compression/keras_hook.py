@@ -280,8 +280,11 @@ def _patch_optimizer() -> list:
     def compile(original):
         @functools.wraps(original)
         def method(self, *args, **kwargs):
+            from kdist.ps import sync
+
             original(self, *args, **kwargs)
             bind_active(self)
+            sync.bind_active(self)  # kdist.scope(ps_sync=...): the same block binds both
 
         return method
 

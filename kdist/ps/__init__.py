@@ -1,6 +1,7 @@
 """Parameter-server training for Keras 3: `fit` / `evaluate` / `predict` through TF's
-ClusterCoordinator on the chief (`training`), and the ps and worker tasks that serve it and exit
-when the chief is done (`serve`).
+ClusterCoordinator on the chief (`training`), evaluation sharded over the workers (`evaluation`),
+the synchronisation modes (`sync`, figures from `sync_stats`), and the ps and worker tasks that
+serve it and exit when the chief is done (`serve`).
 
 >>> from kdist.ps import ParameterServerFailure
 >>> issubclass(ParameterServerFailure, RuntimeError)
@@ -8,6 +9,7 @@ True
 """
 
 from kdist.ps.serve import serve
+from kdist.ps.sync import stats as sync_stats
 from kdist.ps.training import ParameterServerFailure
 
-__all__ = ["ParameterServerFailure", "serve"]
+__all__ = ["ParameterServerFailure", "serve", "sync_stats"]

@@ -33,7 +33,7 @@ import re
 
 import numpy as np
 
-from kdist.ps import evaluation
+from kdist.ps import evaluation, sync
 from kdist.strategies.registry import options_of
 
 
@@ -82,8 +82,11 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     model.stop_training = False
     callbacks.on_train_begin()
     logs = {}
+    sync_state = getattr(model, "_kdist_sync_state", None)
     for epoch in range(model._initial_epoch or initial_epoch, epochs):
         model.reset_metrics()
+        if sync_state is not None:
+            sync_state.reset_stats()
         callbacks.on_epoch_begin(epoch)
         step = 0
         skip = model.__dict__.pop("_kdist_initial_step", 0)  # resumed mid-epoch (BackupAndRestore)
@@ -97,6 +100,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
             callbacks.on_train_batch_end(step - 1, None)
         join_scheduled(strategy)
         logs = _metrics(model)
+        if sync_state is not None:
+            logs.update(sync_state.logs())
         if validation_data is not None and model._should_eval(epoch, validation_freq):
             val_x, val_y, val_w = _unpack(validation_data)
             val_logs = evaluate(model, val_x, val_y, batch_size=validation_batch_size or batch_size,
@@ -125,11 +130,17 @@ def _train_function(model, steps: int):
 
     def make():
         strategy = model.distribute_strategy
+        state = getattr(model, "_kdist_sync_state", None)
 
         @tf.function
         def train(iterator):
             for _ in range(steps):
-                logs = strategy.run(model.train_step, args=(next(iterator),))
+                if state is None:  # asynchronous: the optimizer applies each gradient at once
+                    logs = strategy.run(model.train_step, args=(next(iterator),))
+                    continue
+                read_at = state.version.read_value()  # before any variable: its staleness
+                with tf.control_dependencies([read_at]):
+                    logs = state.step(iterator, read_at)
             return logs
 
         return train
@@ -250,6 +261,10 @@ def _build(model, strategy, element_spec) -> None:
         model._symbolic_build(data_batch=element_spec)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
+    mode = sync.mode_of(model)
+    state = getattr(model, "_kdist_sync_state", None)
+    if mode.kind != "async" and (state is None or state.model.optimizer is not model.optimizer):
+        model._kdist_sync_state = sync.SyncState(model, mode, _num_workers(strategy))
 
 
 def _unpack(data):

@@ -1,0 +1,137 @@
+"""Parameter-server synchronisation modes (`kdist.scope(ps_sync=...)`), run by tests/test_ps_sync.py
+as `kdist launch --chief --workers 3 --ps 2 -- python tests/programs/ps_sync_job.py OUT`.
+
+Every task runs this script; ps and worker tasks serve and exit when the chief is done. The chief
+trains one small MLP per case and writes OUT/sync.json:
+  ksync3_equal    ksync:3 on one fixed batch (every worker's gradient at the same variables is the
+                  same), against plain Keras SGD on that batch for as many updates
+  stopped_ksyncK  ksync:2 and ksync:3 while worker 2 is SIGSTOPped for STOP_SECONDS in epoch 1:
+                  optimizer updates counted during the stop
+  stale0, kbatch2 the modes' epoch logs and staleness histograms on shuffled data
+  refused         ps_sync errors (bad value)
+"""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import kdist
+
+out_dir = sys.argv[1]
+spec = kdist.cluster()
+kdist.strategy()  # ps and worker tasks serve here and exit when the chief is done
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+STEPS, BATCH, STOP_SECONDS = 16, 32, 6
+rng = np.random.default_rng(0)
+x = rng.normal(size=(512, 8)).astype("float32")
+y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+report = {}
+
+
+class ExampleCount(keras.metrics.Metric):
+    def __init__(self, name="examples", **kwargs):
+        super().__init__(name=name, **kwargs)
+        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
+
+    def update_state(self, y_true, y_pred, sample_weight=None):
+        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
+
+    def result(self):
+        return self.count
+
+
+def mlp():
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                             keras.layers.Dense(2)])
+
+
+def build(mode):
+    keras.utils.set_random_seed(1)
+    with kdist.scope(ps_sync=mode):
+        model = mlp()
+        model.compile(keras.optimizers.SGD(0.1),
+                      keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                      metrics=[ExampleCount()])
+    return model
+
+
+def worker_process(index):
+    wanted = spec.tf_config_json("worker", index)
+    for process in psutil.process_iter():
+        try:
+            if process.environ().get("TF_CONFIG") == wanted:
+                return process
+        except (psutil.AccessDenied, psutil.NoSuchProcess):
+            pass
+    raise RuntimeError(f"worker {index} not found")
+
+
+class StopWorker(keras.callbacks.Callback):
+    """SIGSTOPs worker 2 when epoch 1 begins and SIGCONTs it STOP_SECONDS later, counting the
+    optimizer updates applied meanwhile."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch != 1:
+            return
+        process = worker_process(2)
+        process.send_signal(signal.SIGSTOP)
+        before = int(self.model.optimizer.iterations.numpy())
+
+        def resume():
+            time.sleep(STOP_SECONDS)
+            self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
+            process.send_signal(signal.SIGCONT)
+
+        self.thread = threading.Thread(target=resume)
+        self.thread.start()
+
+
+# ksync:3 on one fixed batch: each update is the mean of 3 identical gradients
+model = build("ksync:3")
+initial = model.get_weights()
+fixed = x[:BATCH], y[:BATCH]
+history = model.fit(lambda context: tf.data.Dataset.from_tensors(fixed), epochs=2,
+                    steps_per_epoch=STEPS, verbose=0).history
+updates = int(model.optimizer.iterations.numpy())
+reference = mlp()
+reference.set_weights(initial)
+reference.compile(keras.optimizers.SGD(0.1),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+for _ in range(updates):
+    reference.train_on_batch(*fixed)
+report["ksync3_equal"] = {
+    "history": history, "updates": updates, "stats": kdist.ps.sync_stats(model),
+    "max_weight_difference": max(float(np.abs(a - b).max()) for a, b in
+                                 zip(model.get_weights(), reference.get_weights()))}
+
+for mode in ("ksync:2", "ksync:3"):
+    model = build(mode)
+    stop = StopWorker()
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, steps_per_epoch=STEPS, verbose=0,
+                        callbacks=[stop]).history
+    stop.thread.join()
+    report[f"stopped_{mode.replace(':', '')}"] = {
+        "history": history, "updates_while_stopped": stop.updates_while_stopped}
+
+for mode in ("stale:0", "kbatch:2"):
+    model = build(mode)
+    history = model.fit(x, y, batch_size=BATCH, epochs=2, steps_per_epoch=STEPS, verbose=0).history
+    report[mode.replace(":", "")] = {"history": history, "stats": kdist.ps.sync_stats(model),
+                                     "iterations": int(model.optimizer.iterations.numpy())}
+
+try:
+    with kdist.scope(ps_sync="ksync:0"):
+        pass
+except ValueError as err:
+    report["refused"] = str(err)
+
+with open(os.path.join(out_dir, "sync.json"), "w") as f:
+    json.dump(report, f)
+print("ps_sync_job done")
