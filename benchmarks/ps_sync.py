@@ -1,10 +1,10 @@
 """Parameter-server synchronisation modes with one slow worker: time to accuracy and staleness.
 
-    python benchmarks/ps_sync.py [--target 0.95] [--max-epochs 15] [--slow-fraction 0.75]
+    python benchmarks/ps_sync.py [--target 0.95] [--max-epochs 12] [--slow-fraction 0.75]
 
-One real local cluster (chief + 3 workers + 2 ps). The chief throttles worker 2 for the whole run:
-SIGSTOP for `--slow-fraction` of every 40 ms, SIGCONT for the rest (a CPU quota, done with
-signals), so it computes about 1 / (1 - fraction) times slower. For each `ps_sync` mode it trains
+One real local cluster (chief + 3 workers + 2 ps). A process started by the chief throttles
+worker 2 for the whole run: SIGSTOP for `--slow-fraction` of every 40 ms, SIGCONT for the rest (a
+CPU quota, done with signals), so it computes about 1 / (1 - fraction) times slower. For each `ps_sync` mode it trains
 the same MLP 64-256-256-10 from the same weights on the UCI digits (SGD 0.05, momentum 0.9, batch
 32, one epoch = 1437 / 32 steps), evaluating after each epoch, until the test accuracy reaches
 `--target`. ``kbatch:1`` is asynchronous SGD through the critical section, there for its
@@ -17,8 +17,8 @@ import json
 import os
 import signal
 import sys
+import subprocess
 import tempfile
-import threading
 import time
 
 import results_table
@@ -28,14 +28,17 @@ MODES = ("async", "kbatch:1", "ksync:3", "ksync:2", "kbatch:2", "stale:1")
 PERIOD = 0.04
 
 
-def throttle(pid, fraction, stop):
-    """SIGSTOP `pid` for `fraction` of every PERIOD until `stop` is set, then SIGCONT it."""
-    while not stop.is_set():
+def throttle(pid, fraction):
+    """SIGSTOP `pid` for `fraction` of every PERIOD until this process is terminated, then SIGCONT
+    it. A process of its own: a thread of the chief can wait for the GIL while the chief waits in
+    TensorFlow for the stopped worker."""
+    resume = lambda *_: (os.kill(pid, signal.SIGCONT), sys.exit(0))  # noqa: E731
+    signal.signal(signal.SIGTERM, resume)
+    while True:
         os.kill(pid, signal.SIGSTOP)
         time.sleep(PERIOD * fraction)
         os.kill(pid, signal.SIGCONT)
         time.sleep(PERIOD * (1 - fraction))
-    os.kill(pid, signal.SIGCONT)
 
 
 def job(out_path, target, max_epochs, fraction):
@@ -52,17 +55,16 @@ def job(out_path, target, max_epochs, fraction):
     x, x_test = digits.x_train.reshape(-1, 64), digits.x_test.reshape(-1, 64)
     slow_config = kdist.cluster().tf_config_json("worker", 2)
     slow = next(p for p in psutil.process_iter() if _environ(p).get("TF_CONFIG") == slow_config)
-    stop = threading.Event()
-    throttler = threading.Thread(target=throttle, args=(slow.pid, fraction, stop), daemon=True)
-    throttler.start()
+    throttler = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--throttle",
+                                  str(slow.pid), "--slow-fraction", str(fraction)])
     rows = {}
     try:
         for mode in MODES:
             rows[mode] = train(mode, x, digits.y_train, x_test, digits.y_test, target, max_epochs)
             print(mode, rows[mode], flush=True)
     finally:
-        stop.set()
-        throttler.join()
+        throttler.terminate()
+        throttler.wait(timeout=10)
     with open(out_path, "w") as f:
         json.dump(rows, f)
 
@@ -110,10 +112,13 @@ def _environ(process) -> dict:
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--target", type=float, default=0.95)
-    parser.add_argument("--max-epochs", type=int, default=15)
+    parser.add_argument("--max-epochs", type=int, default=12)
     parser.add_argument("--slow-fraction", type=float, default=0.75)
     parser.add_argument("--job-out", help=argparse.SUPPRESS)
+    parser.add_argument("--throttle", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.throttle:
+        return throttle(args.throttle, args.slow_fraction)
     if args.job_out:
         return job(args.job_out, args.target, args.max_epochs, args.slow_fraction)
 
