@@ -70,8 +70,8 @@ def test_partitioned_embedding_trains_from_a_dataset_function(trained):
     losses = trained["report"]["embedding_loss"]
     assert losses[-1] < 0.5 * losses[0]
     # TF 2.21's ParameterServerStrategy traces the function once and always passes one input
-    # pipeline: workers cannot shard by input context (documented in kdist/ps/training.py). If this
-    # changes, TF started sharding and the docs must say so.
+    # pipeline (documented in kdist/ps/training.py; kdist's ps_shard_input=True gives one per
+    # worker). If this changes, TF started sharding and the docs must say so.
     assert trained["report"]["input_contexts"] == [[0, 1]]
 
 
