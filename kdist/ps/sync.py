@@ -128,26 +128,32 @@ class SyncState:
         with tf.device(self.version.device):
             self.lock = tf.CriticalSection(name="kdist_ps_sync")
 
-    def step(self, iterator, read_at):
+    def step(self, iterator):
         """One step of the scheduled function: the model's own `train_step` on the worker's
         replica computes the gradient (its optimizer update held back), then `submit`."""
         strategy = self.model.distribute_strategy
-        logs, gradients = strategy.run(self._gradients, args=(next(iterator),))
-        self.submit([strategy.experimental_local_results(g)[0] for g in gradients], read_at)
+        logs, read_at, gradients = strategy.run(self._gradients, args=(next(iterator),))
+        local = strategy.experimental_local_results
+        self.submit([local(g)[0] for g in gradients], local(read_at)[0])
         return logs
 
     def _gradients(self, data):
-        optimizer, captured = self.model.optimizer, []
-        optimizer.apply_gradients = lambda pairs, **kwargs: captured.extend(pairs)
-        try:
-            logs = self.model.train_step(data)
-        finally:
-            del optimizer.apply_gradients  # the class's method again
+        """(logs, version read before any variable, gradients). In the replica's own thread: the
+        control dependency reaches the variable reads of `train_step` only from here."""
         import tensorflow as tf
 
+        optimizer, captured = self.model.optimizer, []
+        read_at = self.version.read_value()
+        optimizer.apply_gradients = lambda pairs, **kwargs: captured.extend(pairs)
+        try:
+            with tf.control_dependencies([read_at]):
+                logs = self.model.train_step(data)
+        finally:
+            del optimizer.apply_gradients  # the class's method again
         by_variable = {id(v): g for g, v in captured}
-        return logs, [tf.zeros(v.shape, v.dtype) if by_variable.get(id(v)) is None
-                      else tf.convert_to_tensor(by_variable[id(v)]) for v in self.variables]
+        return logs, read_at, [tf.zeros(v.shape, v.dtype) if by_variable.get(id(v)) is None
+                               else tf.convert_to_tensor(by_variable[id(v)])
+                               for v in self.variables]
 
     def _apply(self, means):
         """The optimizer's update with the update's mean gradient: one replica per worker, so

@@ -137,10 +137,8 @@ def _train_function(model, steps: int):
             for _ in range(steps):
                 if state is None:  # asynchronous: the optimizer applies each gradient at once
                     logs = strategy.run(model.train_step, args=(next(iterator),))
-                    continue
-                read_at = state.version.read_value()  # before any variable: its staleness
-                with tf.control_dependencies([read_at]):
-                    logs = state.step(iterator, read_at)
+                else:
+                    logs = state.step(iterator)  # kdist.ps.sync: the gradient goes to the ps
             return logs
 
         return train
