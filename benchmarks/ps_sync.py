@@ -1,13 +1,14 @@
 """Parameter-server synchronisation modes with one slow worker: time to accuracy and staleness.
 
-    python benchmarks/ps_sync.py [--target 0.95] [--max-epochs 12] [--slow-fraction 0.75]
+    python benchmarks/ps_sync.py [--target 0.95] [--max-epochs 12] [--runs 3]
 
 One real local cluster (chief + 3 workers + 2 ps). A process started by the chief throttles
 worker 2 for the whole run: SIGSTOP for `--slow-fraction` of every 40 ms, SIGCONT for the rest (a
 CPU quota, done with signals), so it computes about 1 / (1 - fraction) times slower. For each `ps_sync` mode it trains
 the same MLP 64-256-256-10 from the same weights on the UCI digits (SGD 0.05, momentum 0.9, batch
 32, one epoch = 1437 / 32 steps), evaluating after each epoch, until the test accuracy reaches
-`--target`. ``kbatch:1`` is asynchronous SGD through the critical section, there for its
+`--target`; `--runs` times per mode, the modes taking turns (the table shows the median and every
+run: the order in which asynchronous updates land differs from run to run). ``kbatch:1`` is asynchronous SGD through the critical section, there for its
 staleness histogram (plain ``async`` records none). Prints a table and saves
 benchmarks/results/ps_sync.{json,md,png}.
 """
@@ -41,7 +42,7 @@ def throttle(pid, fraction):
         time.sleep(PERIOD * (1 - fraction))
 
 
-def job(out_path, target, max_epochs, fraction):
+def job(out_path, target, max_epochs, fraction, runs):
     """Runs on every task of the cluster; the chief measures."""
     import kdist
 
@@ -57,11 +58,13 @@ def job(out_path, target, max_epochs, fraction):
     slow = next(p for p in psutil.process_iter() if _environ(p).get("TF_CONFIG") == slow_config)
     throttler = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--throttle",
                                   str(slow.pid), "--slow-fraction", str(fraction)])
-    rows = {}
+    rows = {mode: [] for mode in MODES}
     try:
-        for mode in MODES:
-            rows[mode] = train(mode, x, digits.y_train, x_test, digits.y_test, target, max_epochs)
-            print(mode, rows[mode], flush=True)
+        for _ in range(runs):  # the modes take turns, so that a slow spell of the machine is shared
+            for mode in MODES:
+                rows[mode].append(train(mode, x, digits.y_train, x_test, digits.y_test, target,
+                                        max_epochs))
+                print(mode, rows[mode][-1], flush=True)
     finally:
         throttler.terminate()
         throttler.wait(timeout=10)
@@ -114,13 +117,14 @@ def main():
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--max-epochs", type=int, default=12)
     parser.add_argument("--slow-fraction", type=float, default=0.75)
+    parser.add_argument("--runs", type=int, default=3, help="trainings per mode (median shown)")
     parser.add_argument("--job-out", help=argparse.SUPPRESS)
     parser.add_argument("--throttle", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.throttle:
         return throttle(args.throttle, args.slow_fraction)
     if args.job_out:
-        return job(args.job_out, args.target, args.max_epochs, args.slow_fraction)
+        return job(args.job_out, args.target, args.max_epochs, args.slow_fraction, args.runs)
 
     from kdist.cluster import ClusterSpec
     from kdist.launch import Launcher
@@ -130,33 +134,46 @@ def main():
         out = os.path.join(scratch, "rows.json")
         command = [sys.executable, os.path.abspath(__file__), "--job-out", out,
                    "--target", str(args.target), "--max-epochs", str(args.max_epochs),
-                   "--slow-fraction", str(args.slow_fraction)]
+                   "--slow-fraction", str(args.slow_fraction), "--runs", str(args.runs)]
         env = dict(os.environ, KDIST_CHIEF_GRACE="2", TF_CPP_MIN_LOG_LEVEL="2")
         code = Launcher(spec, command, timeout=1800, env=env).run()
         if code != 0:
             sys.exit(f"the cluster failed with exit code {code}")
         rows = json.load(open(out))
-    lines = ["| ps_sync | seconds to target | epochs | test accuracy | updates | gradients "
-             "applied | dropped | staleness of applied gradients: 0 / 1 / 2 / 3+ |",
-             "|---|---|---|---|---|---|---|---|"]
-    for mode, row in rows.items():
-        seconds = row["seconds_to_target"]
-        histogram = row["staleness_histogram"]
-        spread = (" / ".join(str(n) for n in histogram[:3] + [sum(histogram[3:])])
-                  if histogram else "not recorded")
-        counts = (f"{row['gradients_applied']:.0f} | {row['gradients_dropped']:.0f}"
-                  if histogram else "all | 0")
-        lines.append(f"| {mode} | {f'{seconds:.1f}' if seconds else 'not reached'} | "
-                     f"{row['epochs']} | {row['accuracy']:.3f} | {row['updates']} | {counts} | "
-                     f"{spread} |")
+    lines = ["| ps_sync | seconds to target: median (each run) | epochs (median) | updates "
+             "(median) | gradients applied | dropped | staleness of applied gradients: 0 / 1 / "
+             "2 / 3+ |", "|---|---|---|---|---|---|---|"]
+    for mode, runs in rows.items():
+        lines.append(row_line(mode, runs))
     folder = results_table.save(
         "ps_sync",
         f"UCI digits, MLP 64-256-256-10, SGD 0.05 momentum 0.9, batch 32, chief + 3 workers + "
         f"2 ps on {os.cpu_count()} CPU cores, worker 2 stopped {args.slow_fraction:.0%} of every "
         f"{PERIOD * 1000:.0f} ms; time until the test accuracy reaches {args.target} (evaluated "
-        f"after each epoch, at most {args.max_epochs} epochs). Counts over the whole run.\n\n"
+        f"after each epoch, at most {args.max_epochs} epochs), {args.runs} trainings per mode "
+        "taking turns; counts summed over them.\n\n"
         + "\n".join(lines), {"machine": f"{os.cpu_count()} CPU cores", "rows": rows})
     plot(rows, os.path.join(folder, "ps_sync.png"), args.target)
+
+
+def seconds(run):
+    return run["seconds_to_target"] if run["seconds_to_target"] is not None else float("inf")
+
+
+def row_line(mode, runs) -> str:
+    import statistics
+
+    times = [seconds(run) for run in runs]
+    shown = ", ".join("not reached" if t == float("inf") else f"{t:.1f}" for t in times)
+    median = statistics.median(times)
+    histogram = [sum(column) for column in zip(*(run["staleness_histogram"] or [] for run in runs))]
+    spread = (" / ".join(str(n) for n in histogram[:3] + [sum(histogram[3:])]) if histogram
+              else "not recorded")
+    counts = (f"{sum(r['gradients_applied'] for r in runs):.0f} | "
+              f"{sum(r['gradients_dropped'] for r in runs):.0f}" if histogram else "all | 0")
+    return (f"| {mode} | {'not reached' if median == float('inf') else f'{median:.1f}'} "
+            f"({shown}) | {statistics.median(r['epochs'] for r in runs):.0f} | "
+            f"{statistics.median(r['updates'] for r in runs):.0f} | {counts} | {spread} |")
 
 
 def plot(rows, path, target):
@@ -166,13 +183,19 @@ def plot(rows, path, target):
     import matplotlib.pyplot as plt
 
     figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    import statistics
+
     names = list(rows)
-    left.bar(names, [rows[n]["seconds_to_target"] or 0 for n in names])
-    left.set_ylabel(f"seconds to {target} test accuracy (0: not reached)")
+    medians = [statistics.median(seconds(run) for run in rows[n]) for n in names]
+    left.bar(names, [0 if m == float("inf") else m for m in medians])
+    for k, name in enumerate(names):
+        reached = [seconds(run) for run in rows[name] if run["seconds_to_target"] is not None]
+        left.scatter([k] * len(reached), reached, color="black", s=12, zorder=3)
+    left.set_ylabel(f"seconds to {target} test accuracy (median, dots: runs; 0: not reached)")
     left.set_title("time to accuracy, one worker throttled")
     left.tick_params(axis="x", rotation=30)
     for name in names:
-        histogram = rows[name]["staleness_histogram"]
+        histogram = [sum(c) for c in zip(*(r["staleness_histogram"] or [] for r in rows[name]))]
         if histogram and sum(histogram):
             right.plot(range(len(histogram)), [n / sum(histogram) for n in histogram],
                        marker="o", label=name)

@@ -107,6 +107,11 @@ class SyncState:
 
         self.mode, self.model = mode, model
         strategy = model.distribute_strategy
+        if strategy.num_replicas_in_sync > 1:
+            raise ValueError(
+                f"ps_sync={str(mode)!r} needs one replica per worker; each worker here has "
+                f"{strategy.num_replicas_in_sync} (several GPUs). Give each worker task one GPU "
+                "(CUDA_VISIBLE_DEVICES) and run more worker tasks, or use ps_sync='async'")
         self.variables = list(model.trainable_variables)
         with strategy.scope():
             self.accumulators = []
