@@ -191,7 +191,7 @@ def plot(rows, path, target):
     for k, name in enumerate(names):
         reached = [seconds(run) for run in rows[name] if run["seconds_to_target"] is not None]
         left.scatter([k] * len(reached), reached, color="black", s=12, zorder=3)
-    left.set_ylabel(f"seconds to {target} test accuracy (median, dots: runs; 0: not reached)")
+    left.set_ylabel(f"seconds to {target} accuracy (bar: median, dots: runs)")
     left.set_title("time to accuracy, one worker throttled")
     left.tick_params(axis="x", rotation=30)
     for name in names:

@@ -286,8 +286,9 @@ def _per_worker_dataset(strategy, x, train_data):
             raise ValueError(
                 "ps_shard_input=True needs the training data as a dataset function "
                 "fn(input_context) or NumPy arrays: a tf.data.Dataset object goes whole to every "
-                "worker. Pass fit(lambda context: <your dataset>.shard(context.num_input_pipelines, "
-                "context.input_pipeline_id), ...), or drop ps_shard_input")
+                "worker. Pass a function that builds the dataset, e.g. fit(lambda context: "
+                "make_dataset().shard(context.num_input_pipelines, context.input_pipeline_id), "
+                "...), or drop ps_shard_input")
         return coordinator(strategy).create_per_worker_dataset(
             strategy.experimental_distribute_dataset(x.repeat()))
     if shard:
