@@ -34,7 +34,6 @@ import dataclasses
 
 KINDS = ("async", "ksync", "kbatch", "stale")
 HISTOGRAM_BUCKETS = 8  # staleness 0..6, and 7 or more
-_active = contextvars.ContextVar("kdist_ps_sync", default="async")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +78,9 @@ class SyncMode:
         return self.kind if self.kind == "async" else f"{self.kind}:{self.number}"
 
 
+_active = contextvars.ContextVar("kdist_ps_sync", default=SyncMode("async"))
+
+
 @contextlib.contextmanager
 def activated(text):
     """Makes `ps_sync=text` what `compile()` binds inside this block."""
@@ -91,8 +93,7 @@ def activated(text):
 
 def bind_active(model) -> None:
     """Called after `compile()`: the active mode becomes the model's (``model._kdist_ps_sync``)."""
-    mode = _active.get()
-    model._kdist_ps_sync = mode if isinstance(mode, SyncMode) else SyncMode.parse(mode)
+    model._kdist_ps_sync = _active.get()
 
 
 def mode_of(model) -> SyncMode:
@@ -205,11 +206,11 @@ class SyncState:
             staleness = self.version.read_value() - read_at
             counted = tf.gather(self.in_update.read_value(), worker) > 0
             accepted = tf.cond(self.mode.accepts(staleness, counted),
-                               lambda: _true_after(accept(staleness)),
-                               lambda: _false_after(self.dropped.assign_add(1)))
+                               lambda: _after(accept(staleness), True),
+                               lambda: _after(self.dropped.assign_add(1), False))
             with tf.control_dependencies([accepted]):
                 ready = tf.logical_and(accepted, self.pending.read_value() >= self.mode.quorum)
-            return tf.cond(ready, lambda: _true_after(update()), lambda: tf.constant(False))
+            return tf.cond(ready, lambda: _after(update(), True), lambda: tf.constant(False))
 
         return self.lock.execute(critical, exclusive_resource_access=False)
 
@@ -243,15 +244,9 @@ def stats(model) -> dict:
     return state.stats()
 
 
-def _true_after(operation):
+def _after(operation, value: bool):
+    """`value` as a tensor that exists only once `operation` has run (a tf.cond branch's output)."""
     import tensorflow as tf
 
     with tf.control_dependencies([operation]):
-        return tf.constant(True)
-
-
-def _false_after(operation):
-    import tensorflow as tf
-
-    with tf.control_dependencies([operation]):
-        return tf.constant(False)
+        return tf.constant(value)

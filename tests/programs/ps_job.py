@@ -27,8 +27,8 @@ out_dir, mode = sys.argv[1], sys.argv[2]
 spec = kdist.cluster()
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from ps_helpers import ExampleCount, task_process  # noqa: E402
 
 partitioner = tf.distribute.experimental.partitioners.MinSizePartitioner(
     min_shard_bytes=256, max_shards=2) if mode == "sharded" else None
@@ -45,47 +45,27 @@ y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
 report = {"strategy": type(strategy).__name__, "mode": mode}
 
 
-class ExampleCount(keras.metrics.Metric):
-    """Examples seen in the epoch: exact only if no metric update is lost."""
+class KillTask(keras.callbacks.Callback):
+    """SIGKILLs one task of the cluster when epoch `epoch` begins, or when evaluation schedules
+    shard `test_batch` while the earlier shards run (test instrumentation)."""
 
-    def __init__(self, name="examples", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
-
-    def result(self):
-        return self.count
-
-
-class KillAtEpoch(keras.callbacks.Callback):
-    """SIGKILLs one task of the cluster when `epoch` begins (test instrumentation)."""
-
-    def __init__(self, task_type, index, epoch):
+    def __init__(self, task_type, index, epoch=None, test_batch=None):
         super().__init__()
-        self.tf_config, self.epoch = spec.tf_config_json(task_type, index), epoch
+        self.task, self.epoch, self.test_batch = (task_type, index), epoch, test_batch
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch == self.epoch:
-            for process in psutil.process_iter():
-                try:
-                    if process.environ().get("TF_CONFIG") == self.tf_config:
-                        process.send_signal(signal.SIGKILL)
-                        report["killed_pid"] = process.pid
-                except (psutil.AccessDenied, psutil.NoSuchProcess):
-                    pass
-
-
-class KillAtTestBatch(KillAtEpoch):
-    """SIGKILLs one task when evaluation schedules shard `batch` (earlier shards are running)."""
-
-    def on_epoch_begin(self, epoch, logs=None):
-        pass
+            self.kill()
 
     def on_test_batch_begin(self, batch, logs=None):
-        if batch == self.epoch:
-            KillAtEpoch.on_epoch_begin(self, batch)
+        if batch == self.test_batch:
+            self.kill()
+
+    def kill(self):
+        process = task_process(spec, *self.task)
+        if process is not None:
+            process.send_signal(signal.SIGKILL)
+            report["killed_pid"] = process.pid
 
 
 class Visits(keras.metrics.Metric):
@@ -128,7 +108,7 @@ if mode == "train":
     early_stopping = keras.callbacks.EarlyStopping(monitor="val_loss", patience=3)
     history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS,
                         validation_data=(x, y), callbacks=[
-                            KillAtEpoch("worker", 1, epoch=1), early_stopping,
+                            KillTask("worker", 1, epoch=1), early_stopping,
                             kdist.callbacks.ModelCheckpoint(os.path.join(out_dir, "ckpt-{epoch}.keras")),
                             kdist.callbacks.TensorBoard(os.path.join(out_dir, "tensorboard"))])
     report["history"] = history.history
@@ -233,7 +213,7 @@ elif mode == "workers":
     big_x = rng.normal(size=(20000, 8)).astype("float32")
     big_y = (big_x[:, :4].sum(1) > big_x[:, 4:].sum(1)).astype("int32")
     report["evaluate"] = model.evaluate(big_x, big_y, batch_size=50, return_dict=True, verbose=0,
-                                        callbacks=[KillAtTestBatch("worker", 1, epoch=1)])
+                                        callbacks=[KillTask("worker", 1, test_batch=1)])
     local = model(big_x).numpy()
     report["reference_accuracy"] = float((local.argmax(1) == big_y).mean())
     report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(
@@ -248,7 +228,7 @@ else:
     backup = kdist.callbacks.BackupAndRestore(os.path.join(out_dir, "backup"))
     restart = os.environ.get("KDIST_RESTART_COUNT", "0")
     mode = f"{mode}-{restart}"
-    callbacks = [backup] + ([KillAtEpoch("ps", 1, epoch=1)] if mode == "kill_ps-0" else [])
+    callbacks = [backup] + ([KillTask("ps", 1, epoch=1)] if mode == "kill_ps-0" else [])
     try:
         history = model.fit(x, y, batch_size=BATCH, epochs=3, steps_per_epoch=STEPS, verbose=0,
                             callbacks=callbacks)

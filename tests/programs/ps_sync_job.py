@@ -25,26 +25,14 @@ spec = kdist.cluster()
 kdist.strategy()  # ps and worker tasks serve here and exit when the chief is done
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from ps_helpers import ExampleCount, task_process  # noqa: E402
 
 STEPS, BATCH, STOP_SECONDS = 16, 32, 6
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 8)).astype("float32")
 y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
 report = {}
-
-
-class ExampleCount(keras.metrics.Metric):
-    def __init__(self, name="examples", **kwargs):
-        super().__init__(name=name, **kwargs)
-        self.count = self.add_variable(shape=(), initializer="zeros", name="count")
-
-    def update_state(self, y_true, y_pred, sample_weight=None):
-        self.count.assign_add(keras.ops.cast(keras.ops.shape(y_true)[0], "float32"))
-
-    def result(self):
-        return self.count
 
 
 def mlp():
@@ -62,17 +50,6 @@ def build(mode):
     return model
 
 
-def worker_process(index):
-    wanted = spec.tf_config_json("worker", index)
-    for process in psutil.process_iter():
-        try:
-            if process.environ().get("TF_CONFIG") == wanted:
-                return process
-        except (psutil.AccessDenied, psutil.NoSuchProcess):
-            pass
-    raise RuntimeError(f"worker {index} not found")
-
-
 class StopWorker(keras.callbacks.Callback):
     """SIGSTOPs worker 2 when epoch 1 begins and SIGCONTs it STOP_SECONDS later, counting the
     optimizer updates applied meanwhile."""
@@ -80,7 +57,7 @@ class StopWorker(keras.callbacks.Callback):
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != 1:
             return
-        process = worker_process(2)
+        process = task_process(spec, "worker", 2)
         process.send_signal(signal.SIGSTOP)
         before = int(self.model.optimizer.iterations.numpy())
 
