@@ -30,6 +30,7 @@ if not _logger.handlers:  # visible by default, like absl; configure the "kdist"
 # Names that need Keras (and so TensorFlow) load on first use: `kdist launch` and `kdist validate`
 # then start without importing TensorFlow.
 _LAZY = {
+    "balance": ("kdist.balance", None),
     "barrier": ("kdist.barriers", "barrier"),
     "callbacks": ("kdist.callbacks", None),
     "compression": ("kdist.compression", None),
@@ -54,6 +55,7 @@ __all__ = [
     "ClusterSpec",
     "ClusterSpecError",
     "LinearWarmup",
+    "balance",
     "barrier",
     "callbacks",
     "cluster",

@@ -8,7 +8,9 @@ It acts only on models kdist is responsible for, and decides in one place, in th
 2. progress: with ``verbose="auto"`` (Keras's default) only the chief prints, as tf-keras did;
    an explicit ``verbose=1/2`` is honoured everywhere;
 3. compression: a model compiled inside ``kdist.scope(compression=...)`` gets the phase callback
-   (`kdist.compression.keras_hook.PhaseCallback`) in `fit`;
+   (`kdist.compression.keras_hook.PhaseCallback`) in `fit`; one compiled inside
+   ``kdist.scope(balance=...)`` gets its training batches split in proportion
+   (`kdist.balance.fitting`, after Keras builds the model from the first batch);
 4. XLA: `jit_compile=True` with several replicas on CPU devices is refused with the reason
    (TensorFlow cannot compile the all-reduce there) instead of failing inside the first step;
    so is `steps_per_execution > 1` with several replicas on Keras <= 3.6 (its unrolled steps abort
@@ -40,6 +42,7 @@ def _dispatching(name: str, original):
 
     @functools.wraps(original)
     def method(*args, **kwargs):
+        from kdist.balance import fitting
         from kdist.compression import keras_hook
         from kdist.strategies import cluster_of, is_parameter_server
 
@@ -56,7 +59,8 @@ def _dispatching(name: str, original):
             _check_steps_per_execution(strategy, model.steps_per_execution)
         if name == "fit":  # BackupAndRestore reads it to keep its position in examples
             model._kdist_fit_input = tuple(bound.arguments.get(k) for k in FIT_INPUT)
-        if name == "fit" and keras_hook.binding(model) is not None:
+        bound_optimizer = keras_hook.binding(model)
+        if name == "fit" and bound_optimizer is not None and bound_optimizer.has_phases:
             callbacks = bound.arguments.get("callbacks") or []
             bound.arguments["callbacks"] = [keras_hook.PhaseCallback(model.optimizer), *callbacks]
         try:
@@ -64,6 +68,9 @@ def _dispatching(name: str, original):
                 from kdist.ps import training
 
                 return getattr(training, name)(*bound.args, **bound.kwargs)
+            if name == "fit":
+                with fitting.fitting(model):
+                    return original(*bound.args, **bound.kwargs)
             return original(*bound.args, **bound.kwargs)
         finally:
             if name == "fit":
@@ -113,6 +120,22 @@ def install() -> None:
     _installed.extend(registry.replace(trainer.TensorFlowTrainer, name,
                                        functools.partial(_dispatching, name))
                       for name in METHODS)
+    _installed.append(registry.replace(trainer.TensorFlowTrainer, "_maybe_symbolic_build",
+                                       _balancing_after_build))
+
+
+def _balancing_after_build(original):
+    """Keras's `_maybe_symbolic_build`, then `kdist.balance`'s re-split of fit's training input."""
+
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        from kdist.balance import fitting
+
+        original(self, iterator=iterator, data_batch=data_batch)
+        if iterator is not None:
+            fitting.after_symbolic_build(self, iterator)
+
+    return _maybe_symbolic_build
 
 
 def uninstall() -> None:

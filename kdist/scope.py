@@ -108,13 +108,15 @@ def _rebuild_refused(options: dict, spec) -> str:
 
 @contextlib.contextmanager
 def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps_sync="async",
-          **options):
+          balance=None, **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
     `compression` (a `kdist.compression.Compressor`) and `aggregate_every` (all-reduce every k
     steps, accumulating locally) apply to the models compiled inside the block, under Mirrored and
     MultiWorkerMirrored. `ps_sync` (``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"``,
-    `kdist.ps.sync`) is how parameter-server updates of those models synchronise.
+    `kdist.ps.sync`) is how parameter-server updates of those models synchronise. `balance`
+    (``"measure"`` or one share per replica, `kdist.balance`) splits each global batch over the
+    replicas in proportion to their speed, the update unchanged.
 
     On the ps and worker tasks of a parameter-server cluster it never returns: the process serves
     the chief (`kdist.serve()`) and exits when the chief is done.
@@ -125,6 +127,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     default strategy. A bare `scope()` (no strategy, no options) after `kdist.strategy(...)` or
     `kdist.scope(...)` enters that same strategy. Create models and call `compile()` inside.
     """
+    from kdist.balance import plan
     from kdist.compression import keras_hook  # needs Keras: imported on use
     from kdist.ps import sync
 
@@ -139,8 +142,11 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
         raise ValueError(f"ps_sync={ps_sync!r} is for ParameterServerStrategy; this scope runs "
                          f"{type(chosen).__name__}, whose replicas all-reduce every step "
                          "(synchronous already). Drop ps_sync, or add ps tasks to the cluster")
+    requested_balance = plan.Balance.parse(balance)
+    if requested_balance is not None:
+        requested_balance.checked_for(chosen)  # refused here, not at compile, when it cannot work
     with chosen.scope(), keras_hook.activated(compression, aggregate_every), \
-            sync.activated(ps_sync):
+            sync.activated(ps_sync), plan.activated(requested_balance):
         yield chosen
 
 

@@ -73,6 +73,28 @@ def netns():
     assert not [line for line in left.splitlines() if line.startswith("kd")], left
 
 
+CPU_CGROUPS = "/sys/fs/cgroup/cpu"  # cgroup v1's CPU controller
+
+
+@pytest.fixture
+def slow_cpu_cgroup():
+    """A CPU cgroup capped at 20% of one core (2 ms in every 10 ms): a slow machine for the process
+    that joins it (writes its pid to <path>/cgroup.procs). Skipped where none can be made, except
+    in CI (.ci/run sets KDIST_REQUIRE_CGROUP). Removed afterwards."""
+    path = os.path.join(CPU_CGROUPS, f"kdist-test-{os.getpid()}")
+    try:
+        os.makedirs(path, exist_ok=True)
+        for name, value in (("cpu.cfs_period_us", 10000), ("cpu.cfs_quota_us", 2000)):
+            with open(os.path.join(path, name), "w") as f:
+                f.write(str(value))
+    except OSError as error:
+        if os.environ.get("KDIST_REQUIRE_CGROUP"):
+            raise
+        pytest.skip(f"no CPU cgroup here ({error}): needs root and cgroup v1's cpu controller")
+    yield path
+    os.rmdir(path)  # fails if a process of the test is still in it
+
+
 def simulate_mnist_pods(*format_args):
     """`kdist k8s simulate` of cluster_specs/k8s-mwms.yaml training examples/mnist_multiworker.py
     for one epoch, every pod in its own network namespace: asserts it succeeds, returns stdout."""

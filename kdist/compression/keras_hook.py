@@ -62,13 +62,20 @@ class Phase:
 class Binding:
     """kdist's whole state on one optimizer (``optimizer._kdist``)."""
 
-    def __init__(self, optimizer, compressor: Compressor | None, aggregate_every: int):
+    def __init__(self, optimizer, compressor: Compressor | None, aggregate_every: int,
+                 balanced: bool = False):
         self.optimizer = optimizer
         self.compressor = compressor
         self.aggregate_every = aggregate_every
+        self.balanced = balanced  # kdist.balance: replicas' gradients weighted by their examples
         self.phase = Phase(compress=compressor is not None and compressor.start_step == 0,
                            accumulate=aggregate_every > 1)
         self.states: dict = {}  # optimizer._var_key(variable) -> {name: per-replica variable}
+
+    @property
+    def has_phases(self) -> bool:
+        """Whether `fit` needs the `PhaseCallback` (compression or aggregate_every)."""
+        return self.compressor is not None or self.aggregate_every > 1
 
     @property
     def accumulating(self) -> bool:
@@ -104,20 +111,30 @@ class Binding:
         return self.states[self.optimizer._var_key(variable)]
 
     def all_reduce_sum(self, grads_and_vars, replica_context):
-        """Keras's `_all_reduce_sum_gradients`, with compressible gradients compressed."""
+        """Keras's `_all_reduce_sum_gradients`, with compressible gradients compressed and, with
+        `balance`, every gradient weighted by its replica's examples (`kdist.balance.weights`)."""
         import tensorflow as tf
+
+        from kdist.balance import weights
 
         pairs = list(grads_and_vars)
         present = [(i, g, v) for i, (g, v) in enumerate(pairs) if g is not None]
         dense = [tf.convert_to_tensor(g) for _, g, _ in present]  # IndexedSlices: densified
         comm = Comm(replica_context, self.optimizer.iterations)
+        extra = []
+        if self.balanced:
+            dense, examples = weights.weigh(dense, comm.replicas)
+            extra = [examples]  # summed in the same all-reduce as the plain gradients
         chosen = [k for k, (_, _, v) in enumerate(present)
                   if self.phase.compress and self._compresses(v)]
         plain = [k for k in range(len(present)) if k not in chosen]
-        summed = dict(zip(plain, comm.all_reduce_sum([dense[k] for k in plain])))
+        reduced = comm.all_reduce_sum([dense[k] for k in plain] + extra)
+        summed = dict(zip(plain, reduced[:len(plain)]))
         states = [self._state(present[k][2]) for k in chosen]
         summed.update(zip(chosen, self.compressor.aggregate([dense[k] for k in chosen], states,
-                                                            comm)))
+                                                            comm) if chosen else []))
+        if self.balanced:
+            summed = dict(zip(summed, weights.unweigh(list(summed.values()), reduced[-1])))
         out = list(pairs)
         for k, (i, _, v) in enumerate(present):
             out[i] = (summed[k], v)
@@ -149,12 +166,20 @@ def binding(model_or_optimizer) -> Binding | None:
 
 
 def bind_active(model) -> None:
-    """Called after `compile()`: binds the active compression to the model's optimizer."""
+    """Called after `compile()`: binds the active compression (and the model's `balance`, bound
+    just before) to the model's optimizer."""
+    from kdist.balance import plan
+
     compressor, aggregate_every = _active.get()
     if isinstance(compressor, NoCompression):
         compressor = None  # Keras's own all-reduce, bit for bit
     optimizer = model.optimizer
-    if compressor is None and aggregate_every == 1:
+    balanced = plan.of(model) is not None
+    if balanced and aggregate_every > 1:
+        raise ValueError("balance= with aggregate_every > 1: the accumulated micro-batches would "
+                         "need weights of their own. Use one of them, or a larger global batch "
+                         "instead of aggregate_every")
+    if compressor is None and aggregate_every == 1 and not balanced:
         return
     if optimizer.gradient_accumulation_steps:
         raise ValueError("kdist.scope(compression/aggregate_every) cannot drive an optimizer with "
@@ -163,7 +188,7 @@ def bind_active(model) -> None:
     if binding(optimizer) is not None:
         raise ValueError("this optimizer is already bound by kdist; create a new optimizer (or "
                          "model) per compression setting")
-    optimizer._kdist = Binding(optimizer, compressor, aggregate_every)
+    optimizer._kdist = Binding(optimizer, compressor, aggregate_every, balanced)
 
 
 def stats(model, compressing: bool = True) -> dict:
@@ -242,7 +267,8 @@ def _patch_optimizer() -> list:
 
             context = tf.distribute.get_replica_context()
             bound = binding(self)
-            if bound is None or bound.compressor is None or context is None:
+            if bound is None or context is None or (bound.compressor is None
+                                                    and not bound.balanced):
                 return original(self, grads_and_vars)
             return bound.all_reduce_sum(grads_and_vars, context)
 
@@ -280,11 +306,13 @@ def _patch_optimizer() -> list:
     def compile(original):
         @functools.wraps(original)
         def method(self, *args, **kwargs):
+            from kdist.balance import plan
             from kdist.ps import sync
 
             original(self, *args, **kwargs)
+            plan.bind_active(self)  # kdist.scope(balance=...), read by bind_active's binding
             bind_active(self)
-            sync.bind_active(self)  # kdist.scope(ps_sync=...): the same block binds both
+            sync.bind_active(self)  # kdist.scope(ps_sync=...): the same block binds all three
 
         return method
 

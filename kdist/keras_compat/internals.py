@@ -44,6 +44,20 @@ def epoch_iterators(epoch_iterator):
         yield iterator
 
 
+def distributed_dataset(epoch_iterator):
+    """The distributed dataset a `TFEpochIterator` iterates (``_distributed_dataset`` on every
+    supported Keras)."""
+    return epoch_iterator._distributed_dataset
+
+
+def replace_distributed_dataset(epoch_iterator, make) -> None:
+    """Makes a `TFEpochIterator` iterate ``make(its adapter's tf.data dataset)`` from its next
+    epoch on; the iterator kept across epochs (``_current_iterator``, set when `steps_per_epoch` is
+    given) is dropped so the next epoch starts on the new dataset."""
+    epoch_iterator._distributed_dataset = make(epoch_iterator.data_adapter.get_tf_dataset())
+    epoch_iterator._current_iterator = None
+
+
 @contextlib.contextmanager
 def per_replica_variables(aggregation: str):
     """Variables created in this block are per replica (synchronised on read, combined by
