@@ -51,6 +51,22 @@ def test_what_cannot_be_balanced_is_refused_with_the_fix(mirrored_report):
         '(replica_id_in_sync_group order), or balance="measure"')
 
 
+@pytest.mark.parametrize("value, problem", [
+    ("fast", "'fast' is neither 'measure' nor a list of shares"),
+    (3, "3 is neither 'measure' nor a list of shares"),
+    ([2, 0], "[2, 0] is not a list of positive numbers"),
+    ([], "[] is not a list of positive numbers"),
+    ([1, True], "[1, True] is not a list of positive numbers"),
+])
+def test_bad_balance_values_name_the_field_and_the_fix(value, problem):
+    from kdist.balance import Balance
+
+    with pytest.raises(ValueError) as error:
+        Balance.parse(value)
+    assert str(error.value) == f'balance: {problem}. Fix: give one share per replica ' \
+                               '(replica_id_in_sync_group order), or balance="measure"'
+
+
 def test_two_workers_one_slow_measure_shares_and_train_exactly(tmp_path, slow_cpu_cgroup):
     result = run_kdist(["launch", "--workers", "2", "--timeout", "200", "--", sys.executable,
                         "tests/programs/balance_job.py", "workers", str(tmp_path)], timeout=230,

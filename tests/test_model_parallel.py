@@ -70,6 +70,38 @@ def test_hybrid_data_parallel_across_workers_and_model_parallel_within(tmp_path)
     assert {d.rsplit("/", 1)[1] for d in first["shard_devices"]} == {"device:CPU:0"}
 
 
+@pytest.fixture(scope="module")
+def layouts():
+    return run_report(["tests/programs/layout_checks.py"], timeout=300)
+
+
+@pytest.mark.compat  # Keras's LayoutMap matching changed across releases: run on every stack
+@pytest.mark.parametrize("block", ["mlp", "feed_forward"])
+def test_a_keras_layout_map_converts_dense_layers_exactly(layouts, block):
+    """Keras's own DeviceMesh + LayoutMap, on TensorFlow: the sharded Dense layers become
+    ModelParallelDense (the rest stays), outputs and training equal the unconverted model."""
+    case = layouts[block]
+    assert case["layers"].count("ModelParallelDense") == 2
+    assert case["layers"][-1] == "Dense"  # the head the map does not name stays replicated
+    assert case["output_diff"] < 1e-5
+    assert case["training_change"] > 1e-2 and case["trained_output_diff"] < 1e-5
+    assert case["reloaded_output_diff"] == 0.0
+    half = sum(case["kernel_bytes"]) // 2  # each device holds half of each split kernel
+    assert case["kernel_bytes_per_device"] == {"0": half, "1": half}
+
+
+@pytest.mark.compat
+def test_layouts_kdist_cannot_honour_are_refused_naming_the_variable(layouts):
+    refused = layouts["refused"]
+    assert "table/embeddings'] = ('model', None)" in refused["embedding"]
+    assert "weight of Embedding 'table'" in refused["embedding"]
+    assert "norm/gamma'] = ('model',)" in refused["norm"]
+    assert "down/bias'] = ('model',)" in refused["row_bias_split"] and "Fix: use (None,)" in \
+        refused["row_bias_split"]
+    assert refused["batch_axis"].startswith("DeviceMesh shape=(2, 2)")
+    assert "does not build yet" in refused["batch_axis"]
+
+
 def test_default_devices_need_at_least_two():
     """This test process has one CPU device and no GPU: the default placement must refuse."""
     from kdist.layers.model_parallel import ModelParallelDense

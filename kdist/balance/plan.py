@@ -13,6 +13,7 @@ import contextvars
 import logging
 import numbers
 
+from kdist import validators
 from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
@@ -32,7 +33,8 @@ class Balance:
     def __init__(self, shares=None, measure_steps: int = 5, warmup_steps: int = 2):
         self.given = None if shares is None else list(shares)
         self.shares = None if shares is None else _normalised(shares)
-        self.measure_steps, self.warmup_steps = measure_steps, warmup_steps
+        self.measure_steps = validators.positive_int(measure_steps, "measure_steps")
+        self.warmup_steps = validators.non_negative_int(warmup_steps, "warmup_steps")
 
     @classmethod
     def parse(cls, value) -> "Balance | None":
