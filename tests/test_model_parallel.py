@@ -76,12 +76,16 @@ def layouts():
 
 
 @pytest.mark.compat  # Keras's LayoutMap matching changed across releases: run on every stack
-@pytest.mark.parametrize("block", ["mlp", "feed_forward"])
-def test_a_keras_layout_map_converts_dense_layers_exactly(layouts, block):
-    """Keras's own DeviceMesh + LayoutMap, on TensorFlow: the sharded Dense layers become
-    ModelParallelDense (the rest stays), outputs and training equal the unconverted model."""
+@pytest.mark.parametrize("block, converted", [("mlp", ["ModelParallelDense"] * 2),
+                                              ("feed_forward", ["ModelParallelDense"] * 2),
+                                              ("embedding_rows", ["ModelParallelEmbedding"]),
+                                              ("embedding_columns", ["ModelParallelEmbedding"])])
+def test_a_keras_layout_map_converts_dense_and_embedding_layers_exactly(layouts, block, converted):
+    """Keras's own DeviceMesh + LayoutMap, on TensorFlow: the sharded Dense (Embedding) layers
+    become ModelParallelDense (ModelParallelEmbedding), the rest stays; outputs and training equal
+    the unconverted model."""
     case = layouts[block]
-    assert case["layers"].count("ModelParallelDense") == 2
+    assert [name for name in case["layers"] if name.startswith("ModelParallel")] == converted
     assert case["layers"][-1] == "Dense"  # the head the map does not name stays replicated
     assert case["output_diff"] < 1e-5
     assert case["training_change"] > 1e-2 and case["trained_output_diff"] < 1e-5
@@ -93,8 +97,8 @@ def test_a_keras_layout_map_converts_dense_layers_exactly(layouts, block):
 @pytest.mark.compat
 def test_layouts_kdist_cannot_honour_are_refused_naming_the_variable(layouts):
     refused = layouts["refused"]
-    assert "table/embeddings'] = ('model', None)" in refused["embedding"]
-    assert "weight of Embedding 'table'" in refused["embedding"]
+    assert "conv/kernel'] = (None, None, None, 'model')" in refused["conv"]
+    assert "weight of Conv2D 'conv'" in refused["conv"]
     assert "norm/gamma'] = ('model',)" in refused["norm"]
     assert "down/bias'] = ('model',)" in refused["row_bias_split"] and "Fix: use (None,)" in \
         refused["row_bias_split"]

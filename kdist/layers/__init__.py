@@ -8,7 +8,8 @@ also from a Keras `LayoutMap`: `from_layout_map`).
 
 from kdist.layers.layout import LayoutError, from_layout_map
 from kdist.layers.model_parallel import ModelParallelDense
+from kdist.layers.model_parallel_embedding import ModelParallelEmbedding
 from kdist.layers.partitioned import PartitionedDense, PartitionedEmbedding
 
-__all__ = ["LayoutError", "ModelParallelDense", "PartitionedDense", "PartitionedEmbedding",
-           "from_layout_map"]
+__all__ = ["LayoutError", "ModelParallelDense", "ModelParallelEmbedding", "PartitionedDense",
+           "PartitionedEmbedding", "from_layout_map"]

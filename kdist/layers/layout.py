@@ -11,10 +11,13 @@ Variables are looked up by `variable.path` (e.g. ``"sequential/up/kernel"``), as
   names it, must be ``("model",)``;
 - kernel ``("model", None)`` (input features split): ``partition="row"``; the bias, if named, must
   be ``(None,)`` (it is added once, after the partial products are summed);
+- an `Embedding` table ``("model", None)`` (vocabulary rows split) or ``(None, "model")``
+  (embedding dimensions split) becomes a `ModelParallelEmbedding` with ``partition="row"`` or
+  ``"column"``;
 - every other variable must be replicated (no layout, or only None axes): it stays as it is.
 
-Whatever else the map asks (an `Embedding` table or a convolution kernel sharded, a kernel split on
-both axes, a mesh with a batch axis longer than 1) is refused with the variable path and the
+Whatever else the map asks (a convolution kernel or a normalisation weight sharded, a table or
+kernel split on both axes, a mesh with a batch axis longer than 1) is refused with the variable path and the
 layout: data parallelism across a batch axis with the shards' storage split per worker is not
 built (kdist issue 19, part 1); use `kdist.scope()` for data parallelism instead.
 
@@ -37,6 +40,7 @@ from __future__ import annotations
 import keras
 
 from kdist.layers.model_parallel import ModelParallelDense
+from kdist.layers.model_parallel_embedding import ModelParallelEmbedding
 
 
 class LayoutError(ValueError):
@@ -51,8 +55,9 @@ def _entry(path, layout) -> str:
 
 
 def from_layout_map(model: keras.Model, layout_map) -> keras.Model:
-    """A copy of the built `model` with the Dense layers `layout_map` shards as
-    `ModelParallelDense` over the devices of the mesh's model axis, every weight kept."""
+    """A copy of the built `model` with the Dense (Embedding) layers `layout_map` shards as
+    `ModelParallelDense` (`ModelParallelEmbedding`) over the devices of the mesh's model axis,
+    every weight kept."""
     if not model.built:
         raise ValueError(f"{model.name} is not built: give it an Input (or call it on data) first")
     axis, devices = _model_axis(layout_map)
@@ -62,6 +67,9 @@ def from_layout_map(model: keras.Model, layout_map) -> keras.Model:
         partition = partitions.get(id(layer))
         if partition is None:
             return layer.__class__.from_config(layer.get_config())
+        if isinstance(layer, keras.layers.Embedding):
+            return ModelParallelEmbedding.from_embedding(layer, devices=devices,
+                                                         partition=partition)
         return ModelParallelDense.from_dense(layer, devices=devices, partition=partition)
 
     converted = keras.models.clone_model(model, clone_function=convert)
@@ -102,11 +110,14 @@ def _partition(layer, layout_map, axis) -> str | None:
     sharded = {path: axes for path, axes in layouts.items() if axes and any(axes)}
     if not sharded:
         return None
-    kernel_path = layer.kernel.path if isinstance(layer, keras.layers.Dense) else None
+    if type(layer) is keras.layers.Embedding:
+        return _embedding_partition(layer, sharded, axis)
+    kernel_path = layer.kernel.path if type(layer) is keras.layers.Dense else None
     if kernel_path not in sharded:
         path, axes = next(iter(sharded.items()))
-        raise LayoutError(_entry(path, axes), f"kdist shards only Dense kernels on TensorFlow, and "
-                          f"this is a weight of {type(layer).__name__} {layer.name!r}", "replicate it (no layout, or "
+        raise LayoutError(_entry(path, axes), f"kdist shards only Dense kernels and Embedding "
+                          f"tables on TensorFlow, and this is a weight of {type(layer).__name__} "
+                          f"{layer.name!r}", "replicate it (no layout, or "
                           "None on every axis)")
     kernel = sharded[kernel_path]
     partition = {(None, axis): "column", (axis, None): "row"}.get(tuple(kernel))
@@ -121,6 +132,16 @@ def _partition(layer, layout_map, axis) -> str | None:
             raise LayoutError(_entry(layer.bias.path, bias), f"a {partition}-split Dense keeps its bias "
                               f"{'split with the output units' if partition == 'column' else 'whole, added once'}",
                               f"use {wanted}, or leave the bias out of the map")
+    return partition
+
+
+def _embedding_partition(layer, sharded, axis) -> str:
+    path, axes = next(iter(sharded.items()))
+    partition = {(axis, None): "row", (None, axis): "column"}.get(tuple(axes))
+    if partition is None:
+        raise LayoutError(_entry(path, axes), "an Embedding table is split on its vocabulary "
+                          f"({axis!r}, None) or its embedding dimensions (None, {axis!r})",
+                          "use one of these two layouts")
     return partition
 
 

@@ -47,6 +47,14 @@ def feed_forward_block():
         keras.layers.GlobalAveragePooling1D()(outputs)))
 
 
+def embedding_block():
+    """Token ids -> Embedding -> mean over the sequence -> Dense head."""
+    keras.utils.set_random_seed(3)
+    return keras.Sequential([keras.Input((6,), dtype="int32"),
+                             keras.layers.Embedding(50, 16, name="table"),
+                             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(3, name="head")])
+
+
 def case(build, layout_map, x):
     original = build()
     split = kdist.layers.from_layout_map(original, layout_map)
@@ -54,12 +62,12 @@ def case(build, layout_map, x):
               "output_diff": float(np.abs(split(x) - original(x)).max())}
     per_device = {}
     for layer in split.layers:
-        if isinstance(layer, kdist.layers.ModelParallelDense):
-            for variable in layer.kernel_shards:
-                device = variable.value.device.rsplit("CPU:", 1)[1]
-                per_device[device] = per_device.get(device, 0) + variable.numpy().nbytes
-            report.setdefault("kernel_bytes", []).append(
-                int(np.prod(layer.kernel.shape)) * 4)
+        shards = getattr(layer, "kernel_shards", None) or getattr(layer, "embeddings_shards", None)
+        for variable in shards or []:
+            device = variable.value.device.rsplit("CPU:", 1)[1]
+            per_device[device] = per_device.get(device, 0) + variable.numpy().nbytes
+        if shards:
+            report.setdefault("kernel_bytes", []).append(sum(v.numpy().nbytes for v in shards))
     report["kernel_bytes_per_device"] = per_device
     y = rng.integers(0, 3, len(x))
     for model in (original, split):
@@ -85,12 +93,6 @@ def refusal(build, layout_map):
     return None
 
 
-def embedding_model():
-    return keras.Sequential([keras.Input((4,), dtype="int32"),
-                             keras.layers.Embedding(10, 8, name="table"),
-                             keras.layers.GlobalAveragePooling1D()])
-
-
 report = {
     "mlp": case(mlp_block, layout(**{"up/kernel": (None, "model"), "up/bias": ("model",),
                                      "down/kernel": ("model", None)}),
@@ -99,8 +101,13 @@ report = {
                          layout(**{"ffn_in/kernel": (None, "model"),
                                    "ffn_out/kernel": ("model", None)}),
                          rng.normal(size=(32, 5, 16)).astype("float32")),
+    "embedding_rows": case(embedding_block, layout(**{"table/embeddings": ("model", None)}),
+                           rng.integers(0, 50, size=(32, 6)).astype("int32")),
+    "embedding_columns": case(embedding_block, layout(**{"table/embeddings": (None, "model")}),
+                              rng.integers(0, 50, size=(32, 6)).astype("int32")),
     "refused": {
-        "embedding": refusal(embedding_model, layout(**{"table/embeddings": ("model", None)})),
+        "conv": refusal(lambda: keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(
+            4, 3, name="conv")]), layout(**{"conv/kernel": (None, None, None, "model")})),
         "norm": refusal(feed_forward_block, layout(**{"norm/gamma": ("model",)})),
         "row_bias_split": refusal(mlp_block, layout(**{"down/kernel": ("model", None),
                                                        "down/bias": ("model",)})),

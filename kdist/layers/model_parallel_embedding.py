@@ -1,0 +1,121 @@
+"""`ModelParallelEmbedding`: an embedding table split across devices.
+
+- ``partition="row"``: the vocabulary is split; device i holds rows [start_i, end_i) and looks up
+  the ids that fall there (zeros for the others); the partial results are summed
+  (`reduce_from_devices`), so each id's vector comes from the one device that holds it.
+- ``partition="column"``: the embedding dimensions are split; every device looks up every id in
+  its columns and the slices are concatenated (`gather_from_devices`).
+
+The whole table is initialised first and then split, so with the same seed it equals what
+`keras.layers.Embedding` initialises; `from_embedding` splits a built Embedding keeping its table.
+
+>>> import kdist, numpy as np
+>>> layer = kdist.layers.ModelParallelEmbedding(10, 4, devices=["/cpu:0", "/cpu:0"])
+>>> tuple(layer(np.array([[1, 9]])).shape), [tuple(t.shape) for t in layer.embeddings_shards]
+((1, 2, 4), [(5, 4), (5, 4)])
+"""
+
+from __future__ import annotations
+
+import keras
+from keras import ops
+
+from kdist.layers import mappings
+from kdist.layers.model_parallel import PARTITIONS, default_devices
+from kdist.layers.sharding import add_shards, split_sizes
+
+_OPTIONS = ("embeddings_initializer", "embeddings_regularizer", "embeddings_constraint")
+
+
+@keras.saving.register_keras_serializable(package="kdist")
+class ModelParallelEmbedding(keras.layers.Layer):
+    """Embedding split over `devices` by vocabulary rows ("row") or embedding dimensions ("column").
+
+    Args:
+        input_dim: vocabulary size. output_dim: embedding size.
+        devices: device names (default: local GPUs, else the logical CPU devices; at least two).
+        partition: "row" or "column".
+        embeddings_initializer, embeddings_regularizer, embeddings_constraint, mask_zero: as for
+            `keras.layers.Embedding`.
+    """
+
+    def __init__(self, input_dim, output_dim, devices=None, partition="row",
+                 embeddings_initializer="uniform", embeddings_regularizer=None,
+                 embeddings_constraint=None, mask_zero=False, **kwargs):
+        super().__init__(**kwargs)
+        if partition not in PARTITIONS:
+            raise ValueError(f"partition={partition!r}: use 'row' (vocabulary) or 'column' "
+                             "(embedding dimensions)")
+        from kdist.strategies.options import local_devices
+
+        self.devices = list(local_devices(devices)) if devices else default_devices()
+        self.input_dim, self.output_dim, self.partition = input_dim, output_dim, partition
+        self.embeddings_initializer = keras.initializers.get(embeddings_initializer)
+        self.embeddings_regularizer = keras.regularizers.get(embeddings_regularizer)
+        self.embeddings_constraint = keras.constraints.get(embeddings_constraint)
+        self.mask_zero = mask_zero
+        split_sizes(input_dim if partition == "row" else output_dim, len(self.devices), "devices")
+
+    def build(self, input_shape=None):
+        self.embeddings_shards = add_shards(
+            self, "embeddings", (self.input_dim, self.output_dim),
+            0 if self.partition == "row" else 1, self.embeddings_initializer,
+            self.embeddings_regularizer, self.embeddings_constraint, len(self.devices),
+            self.devices)
+
+    def call(self, inputs):
+        import tensorflow as tf
+
+        ids = ops.cast(inputs, "int32")
+        copies = mappings.copy_to_devices(ids, self.devices)
+        if self.partition == "column":
+            slices = []
+            for device, local, table in zip(self.devices, copies, self.embeddings_shards):
+                with tf.device(device):
+                    slices.append(tf.gather(table, local))
+            return mappings.gather_from_devices(slices, self.devices[0])
+        partials, start = [], 0
+        for device, local, table in zip(self.devices, copies, self.embeddings_shards):
+            rows = int(table.shape[0])
+            with tf.device(device):
+                here = tf.logical_and(local >= start, local < start + rows)
+                found = tf.gather(table, tf.clip_by_value(local - start, 0, rows - 1))
+                partials.append(found * tf.cast(here, found.dtype)[..., None])
+            start += rows
+        return mappings.reduce_from_devices(partials, self.devices[0])
+
+    def compute_mask(self, inputs, mask=None):
+        return ops.not_equal(inputs, 0) if self.mask_zero else None
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape, self.output_dim)
+
+    @property
+    def embeddings(self):
+        return ops.concatenate(self.embeddings_shards, axis=0 if self.partition == "row" else 1)
+
+    @classmethod
+    def from_embedding(cls, layer: keras.layers.Embedding, devices=None, partition="row"):
+        """Splits a built `keras.layers.Embedding` over `devices`, keeping its table."""
+        if not layer.built:
+            raise ValueError(f"{layer.name} is not built: call it on data (or build it) first")
+        config = {k: v for k, v in layer.get_config().items()
+                  if k in ("name", "input_dim", "output_dim", "mask_zero", "dtype", "trainable",
+                           *_OPTIONS)}
+        split = cls.from_config({**config, "devices": devices, "partition": partition})
+        split.build()
+        table = ops.convert_to_numpy(layer.embeddings)
+        axis = 0 if partition == "row" else 1
+        edges = [0]
+        for shard in split.embeddings_shards:
+            edges.append(edges[-1] + int(shard.shape[axis]))
+        split.set_weights([table[a:b] if axis == 0 else table[:, a:b]
+                           for a, b in zip(edges, edges[1:])])
+        return split
+
+    def get_config(self):
+        return {**super().get_config(), "input_dim": self.input_dim,
+                "output_dim": self.output_dim, "devices": self.devices,
+                "partition": self.partition, "mask_zero": self.mask_zero,
+                **{name: keras.saving.serialize_keras_object(getattr(self, name))
+                   for name in _OPTIONS}}
