@@ -3,11 +3,13 @@
 The replicas run side by side as in training (`strategy.run`), each timing its own forward and
 backward pass (no collective inside the timed part; the times are all-reduced afterwards, so every
 worker gets the same figures). The forward pass runs in inference mode, so measuring changes
-nothing in the model (BatchNorm statistics, counters); it costs about what a training pass costs. The clock is read by a `tf.py_function` that takes the batch (start)
-and the gradients (end) as inputs: data dependencies, which Grappler keeps. `tf.timestamp()` under
-control dependencies does not work here: Grappler's dependency optimizer lets both timestamps run
-before the pass (TF 2.21: 1 us measured around a 0.2 s pass). The median over `steps` timed batches gives
-examples per second per replica, and the shares follow them.
+nothing in the model (BatchNorm statistics, counters); it costs about what a training pass costs.
+
+The clock is read by a `tf.py_function` that takes the batch (start) and the gradients (end) as
+inputs: data dependencies, which Grappler keeps. `tf.timestamp()` under control dependencies does
+not work here: Grappler's dependency optimizer lets both timestamps run before the pass (TF 2.21:
+1 us measured around a 0.2 s pass). The median over `steps` timed batches gives examples per
+second per replica, and the shares follow them.
 """
 
 from __future__ import annotations
@@ -52,9 +54,11 @@ def _timed_step(model, data):
     import keras
     import tensorflow as tf
 
+    from kdist.balance import weights
+
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync
-    numeric = [t for t in tf.nest.flatten(data) if t.dtype.is_floating or t.dtype.is_integer]
+    numeric = [t for t in tf.nest.flatten(data) if _is_numeric(t)]
     start = _clock(tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in numeric]))
     data = tf.nest.map_structure(lambda t: _after(t, start), data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
@@ -65,7 +69,7 @@ def _timed_step(model, data):
     seconds = _clock(tf.add_n([tf.reduce_sum(tf.cast(g, tf.float64))
                                for g in gradients if g is not None])) - start
     one_hot = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float64)
-    examples = tf.cast(tf.shape(tf.nest.flatten(x)[0])[0], tf.float64)
+    examples = tf.cast(weights.batch_size_of(x), tf.float64)
     return context.all_reduce(tf.distribute.ReduceOp.SUM, [one_hot * seconds, one_hot * examples])
 
 
@@ -84,6 +88,10 @@ def _after(tensor, start):
     """`tensor`, made to depend on `start` by data (+ 0), so nothing reading it runs earlier."""
     import tensorflow as tf
 
-    if not (tensor.dtype.is_floating or tensor.dtype.is_integer):
+    if not _is_numeric(tensor):
         return tensor
     return tensor + tf.cast(start * 0.0, tensor.dtype)
+
+
+def _is_numeric(tensor) -> bool:
+    return tensor.dtype.is_floating or tensor.dtype.is_integer

@@ -96,11 +96,11 @@ def bind_active(model) -> None:
     if plan is None:
         return
     strategy = model.distribute_strategy
-    model._kdist_balance = plan.checked_for(strategy)
+    checked = plan.checked_for(strategy)
     if strategy.num_replicas_in_sync == 1:
         logger.info("kdist: balance=%s with one replica: nothing to balance", plan)
-        model._kdist_balance = None
         return
+    model._kdist_balance = checked
     if not getattr(model.train_step, "_kdist_records_batch", False):
         object.__setattr__(model, "train_step", weights.recording_batch_size(model.train_step))
 

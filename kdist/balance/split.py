@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 
+from kdist.balance.weights import batch_size_of
+
 
 def split_sizes(batch_size, shares):
     """Examples per replica for a global batch of `batch_size` (an int64 tensor): one each first
@@ -47,7 +49,7 @@ def _slices(batch, shares, first: int, count: int):
     import tensorflow as tf
 
     batch = batch[0] if len(batch) == 1 else batch
-    sizes = split_sizes(tf.shape(tf.nest.flatten(batch)[0], out_type=tf.int64)[0], shares)
+    sizes = split_sizes(batch_size_of(batch), shares)
     starts = tf.concat([[0], tf.cumsum(sizes)[:-1]], axis=0)
 
     def take(replica):

@@ -105,13 +105,15 @@ def _model_axis(layout_map) -> tuple[str | None, list[str]]:
 
 
 def _partition(layer, layout_map, axis) -> str | None:
-    """'column', 'row' or None (replicated) for one layer; refuses what cannot be honoured."""
+    """'column', 'row' or None (replicated) for one Dense or Embedding layer (an Embedding's
+    'row' splits the vocabulary); refuses what cannot be honoured."""
     layouts = {v.path: _axes(layout_map, v.path) for v in layer.weights}
     sharded = {path: axes for path, axes in layouts.items() if axes and any(axes)}
     if not sharded:
         return None
     if type(layer) is keras.layers.Embedding:
-        return _embedding_partition(layer, sharded, axis)
+        return _split(*next(iter(sharded.items())), axis, "an Embedding table",
+                      ("embedding dimensions", "vocabulary"))
     kernel_path = layer.kernel.path if type(layer) is keras.layers.Dense else None
     if kernel_path not in sharded:
         path, axes = next(iter(sharded.items()))
@@ -119,28 +121,26 @@ def _partition(layer, layout_map, axis) -> str | None:
                           f"tables on TensorFlow, and this is a weight of {type(layer).__name__} "
                           f"{layer.name!r}", "replicate it (no layout, or "
                           "None on every axis)")
-    kernel = sharded[kernel_path]
-    partition = {(None, axis): "column", (axis, None): "row"}.get(tuple(kernel))
-    if partition is None:
-        raise LayoutError(_entry(kernel_path, kernel), "a Dense kernel is split on its output axis "
-                          f"(None, {axis!r}) or its input axis ({axis!r}, None)",
-                          "use one of these two layouts")
+    partition = _split(kernel_path, sharded[kernel_path], axis, "a Dense kernel",
+                       ("output", "input"))
     if layer.use_bias:
         bias = layouts[layer.bias.path]
         wanted = (axis,) if partition == "column" else (None,)
         if bias is not None and tuple(bias) != wanted:
-            raise LayoutError(_entry(layer.bias.path, bias), f"a {partition}-split Dense keeps its bias "
-                              f"{'split with the output units' if partition == 'column' else 'whole, added once'}",
+            kept = "split with the output units" if partition == "column" else "whole, added once"
+            raise LayoutError(_entry(layer.bias.path, bias),
+                              f"a {partition}-split Dense keeps its bias {kept}",
                               f"use {wanted}, or leave the bias out of the map")
     return partition
 
 
-def _embedding_partition(layer, sharded, axis) -> str:
-    path, axes = next(iter(sharded.items()))
-    partition = {(axis, None): "row", (None, axis): "column"}.get(tuple(axes))
+def _split(path, axes, axis, what, names) -> str:
+    """'column' for (None, axis), 'row' for (axis, None); refuses any other layout of `what`,
+    whose axes 1 and 0 are called `names`."""
+    partition = {(None, axis): "column", (axis, None): "row"}.get(tuple(axes))
     if partition is None:
-        raise LayoutError(_entry(path, axes), "an Embedding table is split on its vocabulary "
-                          f"({axis!r}, None) or its embedding dimensions (None, {axis!r})",
+        raise LayoutError(_entry(path, axes), f"{what} is split on its {names[0]} axis "
+                          f"(None, {axis!r}) or its {names[1]} axis ({axis!r}, None)",
                           "use one of these two layouts")
     return partition
 

@@ -24,7 +24,8 @@ import keras
 from keras import ops
 
 from kdist.layers import mappings
-from kdist.layers.sharding import add_shards, dense_options_config, set_dense_options, split_sizes
+from kdist.layers.sharding import (add_shards, dense_options_config, pieces_like,
+                                    set_dense_options, split_sizes)
 
 PARTITIONS = ("column", "row")
 
@@ -180,14 +181,9 @@ class ModelParallelDense(keras.layers.Layer):
         kernel = ops.convert_to_numpy(layer.kernel)
         split.build((None, kernel.shape[0]))
         axis = 1 if partition == "column" else 0
-        edges = [0]
-        for shard in split.kernel_shards:
-            edges.append(edges[-1] + int(shard.shape[axis]))
-        weights = [kernel[:, a:b] if axis == 1 else kernel[a:b] for a, b in zip(edges, edges[1:])]
+        weights = pieces_like(kernel, split.kernel_shards, axis)
         if layer.use_bias:
-            bias = ops.convert_to_numpy(layer.bias)
-            weights += [bias[a:b] for a, b in zip(edges, edges[1:])] if partition == "column" \
-                else [bias]
+            weights += pieces_like(ops.convert_to_numpy(layer.bias), split.bias_shards, 0)
         split.set_weights(weights)
         return split
 

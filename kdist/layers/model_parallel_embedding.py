@@ -22,7 +22,7 @@ from keras import ops
 
 from kdist.layers import mappings
 from kdist.layers.model_parallel import PARTITIONS, default_devices
-from kdist.layers.sharding import add_shards, split_sizes
+from kdist.layers.sharding import add_shards, pieces_like, split_sizes
 
 _OPTIONS = ("embeddings_initializer", "embeddings_regularizer", "embeddings_constraint")
 
@@ -104,13 +104,8 @@ class ModelParallelEmbedding(keras.layers.Layer):
                            *_OPTIONS)}
         split = cls.from_config({**config, "devices": devices, "partition": partition})
         split.build()
-        table = ops.convert_to_numpy(layer.embeddings)
-        axis = 0 if partition == "row" else 1
-        edges = [0]
-        for shard in split.embeddings_shards:
-            edges.append(edges[-1] + int(shard.shape[axis]))
-        split.set_weights([table[a:b] if axis == 0 else table[:, a:b]
-                           for a, b in zip(edges, edges[1:])])
+        split.set_weights(pieces_like(ops.convert_to_numpy(layer.embeddings),
+                                      split.embeddings_shards, 0 if partition == "row" else 1))
         return split
 
     def get_config(self):

@@ -67,3 +67,13 @@ def add_shards(layer, name, full_shape, axis, initializer, regularizer, constrai
                 regularizer=regularizer, constraint=constraint))
         start += size
     return shards
+
+
+def pieces_like(full, shards, axis: int) -> list:
+    """`full` (a NumPy array) cut along `axis` into pieces the sizes of `shards` (variables)."""
+    pieces, start = [], 0
+    for shard in shards:
+        size = int(shard.shape[axis])
+        pieces.append(full[start:start + size] if axis == 0 else full[:, start:start + size])
+        start += size
+    return pieces
