@@ -42,11 +42,28 @@ class Comm:
         self.step = step
 
     def all_reduce_sum(self, tensors: list) -> list:
+        """Sums `tensors` over the replicas; a model-parallel shard's tensor (off the replica's
+        device) in its own device's group (`kdist.layers.placement`)."""
         import tensorflow as tf
 
-        if not tensors:
-            return []
-        return self._context.all_reduce(tf.distribute.ReduceOp.SUM, list(tensors))
+        from kdist.layers import placement
+
+        tensors = list(tensors)
+        strategy = self._context.strategy
+        groups = placement.own_group_devices(tensors, strategy)
+        routed = {k for positions in groups.values() for k in positions}
+        rest = [k for k in range(len(tensors)) if k not in routed]
+        summed = [None] * len(tensors)
+        if rest:
+            reduced = self._context.all_reduce(tf.distribute.ReduceOp.SUM,
+                                               [tensors[k] for k in rest])
+            for k, value in zip(rest, reduced):
+                summed[k] = value
+        for device, positions in groups.items():
+            reduced = placement.all_reduce_sum([tensors[k] for k in positions], device, strategy)
+            for k, value in zip(positions, reduced):
+                summed[k] = value
+        return summed
 
     def all_gather(self, tensors: list) -> list:
         """Concatenates every replica's tensor along axis 0, in replica order."""

@@ -30,6 +30,7 @@ import keras
 from kdist import validators
 from kdist.compression.base import Comm, Compressor, NoCompression, _numel
 from kdist.keras_compat import internals, registry
+from kdist.layers import placement
 
 # What compile() inside `kdist.scope(compression=...)` binds: (compressor, aggregate_every).
 _active = contextvars.ContextVar("kdist_compression", default=(None, 1))
@@ -255,6 +256,16 @@ class PhaseCallback(keras.callbacks.Callback):
             logs.update(self._stats[compressing])
 
 
+def _all_reduce_by_device(grads_and_vars, context, step) -> list:
+    """Keras's plain gradient sum, with the model-parallel shards' gradients summed in their own
+    devices' groups (`kdist.layers.placement`) instead of on the replica's device."""
+    import tensorflow as tf
+
+    pairs = list(grads_and_vars)
+    summed = Comm(context, step).all_reduce_sum([tf.convert_to_tensor(g) for g, _ in pairs])
+    return [(g, v) for g, (_, v) in zip(summed, pairs)]
+
+
 def _patch_optimizer() -> list:
     """Patches Keras's TF optimizer (and `Trainer.compile`) to consult the binding."""
     from keras.src.backend.tensorflow import optimizer as tf_optimizer
@@ -267,10 +278,13 @@ def _patch_optimizer() -> list:
 
             context = tf.distribute.get_replica_context()
             bound = binding(self)
-            if bound is None or context is None or (bound.compressor is None
-                                                    and not bound.balanced):
+            if context is None:
                 return original(self, grads_and_vars)
-            return bound.all_reduce_sum(grads_and_vars, context)
+            if bound is not None and (bound.compressor is not None or bound.balanced):
+                return bound.all_reduce_sum(grads_and_vars, context)
+            if placement.own_group_devices([v for _, v in grads_and_vars], context.strategy):
+                return _all_reduce_by_device(grads_and_vars, context, self.iterations)
+            return original(self, grads_and_vars)
 
         return _all_reduce_sum_gradients
 

@@ -17,9 +17,10 @@ Variables are looked up by `variable.path` (e.g. ``"sequential/up/kernel"``), as
 - every other variable must be replicated (no layout, or only None axes): it stays as it is.
 
 Whatever else the map asks (a convolution kernel or a normalisation weight sharded, a table or
-kernel split on both axes, a mesh with a batch axis longer than 1) is refused with the variable path and the
-layout: data parallelism across a batch axis with the shards' storage split per worker is not
-built (kdist issue 19, part 1); use `kdist.scope()` for data parallelism instead.
+kernel split on both axes, a mesh with a batch axis longer than 1) is refused with the variable path
+and the layout. Data parallelism comes from the strategy instead: convert inside `kdist.scope()`
+on each worker, with the mesh (1, that worker's devices), and MultiWorkerMirrored replicates the
+split model across the workers, each shard stored on its own device (`kdist.layers.placement`).
 
 >>> import kdist, keras, numpy as np
 >>> mesh = keras.distribution.DeviceMesh((1, 2), ["batch", "model"], ["/cpu:0", "/cpu:0"])
@@ -98,9 +99,9 @@ def _model_axis(layout_map) -> tuple[str | None, list[str]]:
     if any(size != 1 for size in others):
         raise LayoutError(f"DeviceMesh shape={tuple(mesh.shape)}, axis_names="
                           f"{list(mesh.axis_names)}", f"axes other than {axis!r} (the batch axis) "
-                          "longer than 1 ask for data x model parallelism with the shards' "
-                          "storage split per worker, which kdist does not build yet",
-                          "give the mesh shape (1, devices) on one worker")
+                          "longer than 1: the batch axis is the strategy's, not the map's",
+                          "give each worker the mesh (1, its devices) and convert inside "
+                          "kdist.scope(); MultiWorkerMirrored adds the data parallelism")
     return axis, [str(device) for device in mesh.devices.reshape(-1)]
 
 

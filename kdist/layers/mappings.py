@@ -7,6 +7,11 @@ TensorFlow's autodiff derives from the device-placed ops below.
     scatter_to_devices  forward: split along an axis, one part per device   backward: gather
     gather_from_devices forward: concatenate the parts on one device        backward: scatter
 
+Between them, `compute_on` runs one device's part of a layer on that device, its backward pass
+included: TensorFlow places a tape's gradient ops where `tape.gradient` is called (under a strategy,
+the replica's device), not next to their forward ops, so without it every shard's backward pass
+would run, and its gradient land, on one device.
+
 >>> import tensorflow as tf
 >>> from kdist.layers import mappings
 >>> parts = mappings.scatter_to_devices(tf.ones((2, 5)), [3, 2], ["/cpu:0", "/cpu:0"])
@@ -49,3 +54,26 @@ def gather_from_devices(parts, device, axis=-1):
 
     with tf.device(device):
         return tf.concat(list(parts), axis=axis)
+
+
+def compute_on(device, fn, *inputs):
+    """`fn(*inputs)` on `device`, forward and backward (the gradients of `inputs` and of the
+    variables `fn` reads are computed there too)."""
+    import tensorflow as tf
+
+    @tf.custom_gradient
+    def forward(*tensors):
+        with tf.device(device), tf.GradientTape() as tape:
+            tape.watch(tensors)
+            outputs = fn(*tensors)
+
+        def backward(*upstream, variables=None):
+            variables = list(variables or [])
+            with tf.device(device):
+                grads = tape.gradient(outputs, list(tensors) + variables,
+                                      output_gradients=list(upstream))
+            return grads[:len(tensors)], grads[len(tensors):]
+
+        return outputs, backward
+
+    return forward(*inputs)

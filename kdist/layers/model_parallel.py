@@ -20,6 +20,8 @@ TensorShape([2, 5])
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import ops
 
@@ -31,11 +33,11 @@ PARTITIONS = ("column", "row")
 
 
 def default_devices() -> list[str]:
-    """The local GPUs if there are at least two, else the logical CPU devices."""
-    import tensorflow as tf
+    """This process's GPUs if there are at least two, else its logical CPU devices."""
+    from kdist.layers.placement import local_logical_devices
 
-    gpus = tf.config.list_logical_devices("GPU")
-    devices = [d.name for d in (gpus if len(gpus) > 1 else tf.config.list_logical_devices("CPU"))]
+    gpus = local_logical_devices("GPU")
+    devices = gpus if len(gpus) > 1 else local_logical_devices("CPU")
     if len(devices) < 2:
         raise ValueError("ModelParallelDense needs at least two devices and this process has one: "
                          "pass devices=[...], or split the CPU with kdist.split_cpu(n) before "
@@ -117,30 +119,29 @@ class ModelParallelDense(keras.layers.Layer):
 
     # ------------------------------------------------------------------ forward
     def call(self, inputs):
-        import tensorflow as tf
-
         if self.partition == "column":
             parts = mappings.copy_to_devices(inputs, self.devices)
-            outputs = []
-            for i, (device, part, kernel) in enumerate(zip(self.devices, parts,
-                                                           self.kernel_shards)):
-                with tf.device(device):
-                    y = ops.matmul(part, kernel)
-                    if self.use_bias:
-                        y = y + self.bias_shards[i]
-                    outputs.append(self.activation(y))
+            outputs = [mappings.compute_on(device, functools.partial(self._column_slice, i), part)
+                       for i, (device, part) in enumerate(zip(self.devices, parts))]
             return mappings.gather_from_devices(outputs, self.devices[0]) \
                 if self.gather_output else outputs
         parts = list(inputs) if self.input_is_split else mappings.scatter_to_devices(
             inputs, self.feature_sizes, self.devices)
-        partials = []
-        for device, part, kernel in zip(self.devices, parts, self.kernel_shards):
-            with tf.device(device):
-                partials.append(ops.matmul(part, kernel))
+        partials = [mappings.compute_on(device, functools.partial(self._row_partial, i), part)
+                    for i, (device, part) in enumerate(zip(self.devices, parts))]
         y = mappings.reduce_from_devices(partials, self.devices[0])
         if self.use_bias:
             y = y + self.bias_shards[0]
         return self.activation(y)
+
+    def _column_slice(self, i, x):
+        y = ops.matmul(x, self.kernel_shards[i])
+        if self.use_bias:
+            y = y + self.bias_shards[i]
+        return self.activation(y)
+
+    def _row_partial(self, i, x):
+        return ops.matmul(x, self.kernel_shards[i])
 
     def compute_output_shape(self, input_shape):
         if self.input_is_split:

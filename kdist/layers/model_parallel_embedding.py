@@ -17,6 +17,8 @@ The whole table is initialised first and then split, so with the same seed it eq
 
 from __future__ import annotations
 
+import functools
+
 import keras
 from keras import ops
 
@@ -64,25 +66,30 @@ class ModelParallelEmbedding(keras.layers.Layer):
             self.devices)
 
     def call(self, inputs):
-        import tensorflow as tf
-
         ids = ops.cast(inputs, "int32")
         copies = mappings.copy_to_devices(ids, self.devices)
         if self.partition == "column":
-            slices = []
-            for device, local, table in zip(self.devices, copies, self.embeddings_shards):
-                with tf.device(device):
-                    slices.append(tf.gather(table, local))
+            slices = [mappings.compute_on(device, functools.partial(self._lookup, i), local)
+                      for i, (device, local) in enumerate(zip(self.devices, copies))]
             return mappings.gather_from_devices(slices, self.devices[0])
-        partials, start = [], 0
-        for device, local, table in zip(self.devices, copies, self.embeddings_shards):
-            rows = int(table.shape[0])
-            with tf.device(device):
-                here = tf.logical_and(local >= start, local < start + rows)
-                found = tf.gather(table, tf.clip_by_value(local - start, 0, rows - 1))
-                partials.append(found * tf.cast(here, found.dtype)[..., None])
-            start += rows
+        partials = [mappings.compute_on(device, functools.partial(self._rows_held, i), local)
+                    for i, (device, local) in enumerate(zip(self.devices, copies))]
         return mappings.reduce_from_devices(partials, self.devices[0])
+
+    def _lookup(self, i, ids):
+        import tensorflow as tf
+
+        return tf.gather(self.embeddings_shards[i], ids)
+
+    def _rows_held(self, i, ids):
+        """Shard i's rows for the ids it holds, zeros for the others."""
+        import tensorflow as tf
+
+        start = sum(int(table.shape[0]) for table in self.embeddings_shards[:i])
+        rows = int(self.embeddings_shards[i].shape[0])
+        here = tf.logical_and(ids >= start, ids < start + rows)
+        found = tf.gather(self.embeddings_shards[i], tf.clip_by_value(ids - start, 0, rows - 1))
+        return found * tf.cast(here, found.dtype)[..., None]
 
     def compute_mask(self, inputs, mask=None):
         return ops.not_equal(inputs, 0) if self.mask_zero else None

@@ -11,6 +11,8 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from kdist.layers import placement
+
 
 def split_sizes(total: int, parts: int, what: str = "num_shards") -> list[int]:
     """`total` split into `parts` sizes differing by at most one, larger first (TF's "div" rule)."""
@@ -60,7 +62,7 @@ def add_shards(layer, name, full_shape, axis, initializer, regularizer, constrai
         with tf.init_scope():
             piece = ops.slice(full, [start if a == axis else 0 for a in range(len(full_shape))],
                               [size if a == axis else d for a, d in enumerate(full_shape)])
-        with tf.device(devices[i]) if devices else contextlib.nullcontext():
+        with placement.on_device(devices[i]) if devices else contextlib.nullcontext():
             shards.append(layer.add_weight(
                 name=f"{name}_shard_{i}", shape=tuple(piece.shape),
                 initializer=lambda shape, dtype=None, value=piece: ops.cast(value, dtype),
