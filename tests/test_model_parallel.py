@@ -66,6 +66,7 @@ def hybrid(tmp_path_factory):
     return [json.load(open(out / f"worker:{i}.json")) for i in (0, 1)]
 
 
+@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_trains_like_plain_keras_on_one_device_with_the_global_batch(hybrid):
     first, second = hybrid
     assert first["replicas"] == 2
@@ -76,6 +77,7 @@ def test_hybrid_trains_like_plain_keras_on_one_device_with_the_global_batch(hybr
     assert first["weights"] == second["weights"]  # identical on both workers
 
 
+@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_splits_the_storage_of_every_shard_and_its_optimizer_slots(hybrid):
     """Each worker's second device holds exactly its half of each split kernel (and of the column
     layer's bias), with their momentum slots; under TF's own MultiWorkerMirrored every variable
@@ -91,11 +93,13 @@ def test_hybrid_splits_the_storage_of_every_shard_and_its_optimizer_slots(hybrid
         assert report["optimizer_bytes"]["device:CPU:1"] == second_half  # SGD momentum slots
 
 
+@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_sums_each_shards_gradients_in_its_own_devices_group(hybrid):
     for report in hybrid:
         assert report["own_groups"] == ["device:CPU:1"]
 
 
+@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_checkpoints_and_backup_and_restore_resume_exactly(hybrid):
     for report in hybrid:
         assert report["restored_diff"] == 0.0 and report["restored_output_diff"] == 0.0
@@ -103,6 +107,7 @@ def test_hybrid_checkpoints_and_backup_and_restore_resume_exactly(hybrid):
         assert report["resumed_diff"] == 0.0
 
 
+@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_with_one_device_per_worker_is_plain_data_parallelism(hybrid):
     for report in hybrid:
         assert report["single_device_placements"] == ["device:CPU:0"]
