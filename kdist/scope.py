@@ -162,9 +162,11 @@ def install_patches() -> None:
 def uninstall_patches() -> None:
     """Restores Keras exactly as it was before `install_patches()`."""
     from kdist import fit_dispatch, keras_compat
+    from kdist.layers import placement
 
     fit_dispatch.uninstall()
     keras_compat.uninstall()
+    placement.uninstall()
 
 
 def current_strategy():

@@ -137,6 +137,7 @@ def test_a_keras_layout_map_converts_dense_and_embedding_layers_exactly(layouts,
     assert case["reloaded_output_diff"] == 0.0
     half = sum(case["kernel_bytes"]) // 2  # each device holds half of each split kernel
     assert case["kernel_bytes_per_device"] == {"0": half, "1": half}
+    assert case["slot_bytes_per_device"] == {"0": half, "1": half}  # momentum next to its shard
 
 
 @pytest.mark.compat

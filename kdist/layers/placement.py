@@ -13,6 +13,11 @@ group per device: the shard's own, shared by the same shard on every worker).
 With several replicas per process, each replica holds its own copy on its own device: a shard
 cannot live elsewhere, and `on_device` is a plain `tf.device`.
 
+Optimizer slots: under a mirrored strategy they follow their variable by the same route. Without
+a strategy, Keras builds its optimizer while tracing the train function, where the colocation it
+asks for does not reach the eagerly created slot, so every slot lands on the default device;
+`install()` makes a slot of a variable on another device live next to it (`keep_slots_with_variables`).
+
 The gradients of such a shard are all-reduced on the shard's device, in that device's group
 (`all_reduce_sum`), not copied to the replica's device first: data parallel across the workers,
 one collective group per model-parallel rank, as Megatron and Horovod's hybrid setups do.
@@ -21,6 +26,9 @@ one collective group per model-parallel rank, as Megatron and Horovod's hybrid s
 from __future__ import annotations
 
 import contextlib
+import functools
+
+from kdist.keras_compat import registry
 
 
 class _Devices:
@@ -108,3 +116,37 @@ def all_reduce_sum(tensors: list, device: str, strategy) -> list:
 def own_groups(strategy) -> list[str]:
     """The devices whose own collective group has summed gradients under `strategy` so far."""
     return sorted(device for (owner, device) in _launchers if owner == id(strategy))
+
+
+def keep_slots_with_variables(original):
+    """Keras's `TFOptimizer.add_variable_from_reference`, under the default strategy on the
+    reference variable's device (mirrored strategies place slots there themselves)."""
+
+    @functools.wraps(original)
+    def add_variable_from_reference(self, reference_variable, *args, **kwargs):
+        import tensorflow as tf
+
+        device = getattr(getattr(reference_variable, "value", reference_variable), "device", "")
+        if tf.distribute.has_strategy() or not device:
+            return original(self, reference_variable, *args, **kwargs)
+        with tf.device(device):
+            return original(self, reference_variable, *args, **kwargs)
+
+    return add_variable_from_reference
+
+
+_installed: list = []
+
+
+def install() -> None:
+    """Installs `keep_slots_with_variables` once (a model-parallel layer's build calls it)."""
+    if not _installed:
+        from keras.src.backend.tensorflow import optimizer
+
+        _installed.append(registry.replace(optimizer.TFOptimizer, "add_variable_from_reference",
+                                           keep_slots_with_variables))
+
+
+def uninstall() -> None:
+    registry.undo(_installed)
+    _installed.clear()

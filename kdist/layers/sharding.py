@@ -54,6 +54,8 @@ def add_shards(layer, name, full_shape, axis, initializer, regularizer, constrai
 
     import tensorflow as tf
 
+    if devices:
+        placement.install()  # the optimizer's slots of these shards: on the shards' devices
     initializer = keras.initializers.get(initializer)
     with tf.init_scope():  # eager even when the layer is built while a model is being traced
         full = initializer(full_shape, dtype=layer.variable_dtype)

@@ -71,7 +71,7 @@ def case(build, layout_map, x):
     report["kernel_bytes_per_device"] = per_device
     y = rng.integers(0, 3, len(x))
     for model in (original, split):
-        model.compile(keras.optimizers.SGD(0.1),
+        model.compile(keras.optimizers.SGD(0.1, momentum=0.9),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     before = [np.array(w) for w in original.get_weights()]
     original.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
@@ -79,6 +79,12 @@ def case(build, layout_map, x):
     report["training_change"] = max(float(np.abs(a - b).max())
                                     for a, b in zip(before, original.get_weights()))
     report["trained_output_diff"] = float(np.abs(split(x) - original(x)).max())
+    slots = {}  # the momentum slots of the split kernels and tables, by device
+    for variable in split.optimizer.variables:
+        if "_shard_" in variable.path and "bias" not in variable.path:
+            device = variable.value.device.rsplit("CPU:", 1)[1]
+            slots[device] = slots.get(device, 0) + variable.numpy().nbytes
+    report["slot_bytes_per_device"] = slots
     path = os.path.join(tempfile.mkdtemp(), "split.keras")
     split.save(path)
     report["reloaded_output_diff"] = float(np.abs(keras.models.load_model(path)(x) - split(x)).max())
