@@ -2,7 +2,8 @@
 
 from kdist.strategies.options import StrategyOptions
 
-OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout"})
+OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout",
+                     "devices"})
 
 ORDERING_RULE = (
     "MultiWorkerMirroredStrategy must be created before any other TensorFlow operation runs in "
@@ -15,14 +16,40 @@ def build(cluster, options: StrategyOptions):
     import tensorflow as tf
 
     _configure_coordination_service(cluster, options.dead_peer_timeout)
+    resolver = cluster.resolver()
+    if options.devices is not None:
+        gpus = replica_gpus(options.devices)
+        resolver.num_accelerators = lambda *args, **kwargs: {"GPU": gpus}  # what MWMS counts
     try:
         return tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=cluster.resolver(),
+            cluster_resolver=resolver,
             communication_options=options.communication_options())
     except RuntimeError as err:
         if "at program startup" in str(err):
             raise RuntimeError(ORDERING_RULE) from err
         raise
+
+
+def replica_gpus(devices) -> int:
+    """How many GPUs each worker replicates over, from `devices=`: MultiWorkerMirrored takes
+    GPU:0..k-1 (or the CPU when there are none), so `devices` names exactly those. With
+    ``["/gpu:0"]`` each worker runs one replica and the other GPUs stay free for model-parallel
+    layers (kdist's hybrid mode).
+
+    >>> replica_gpus(["/gpu:0", "/gpu:1"]), replica_gpus(["/cpu:0"])
+    (2, 0)
+    """
+    from kdist.strategies.options import _canonical
+
+    names = [_canonical(d) for d in devices]
+    if names == ["CPU:0"]:
+        return 0
+    if names != [f"GPU:{i}" for i in range(len(names))]:
+        raise ValueError(f"devices={list(devices)!r}: under MultiWorkerMirrored each worker "
+                         "replicates over its first k GPUs; give ['/gpu:0', ..., '/gpu:k-1'] "
+                         "(['/gpu:0']: one replica per worker, the other GPUs free for "
+                         "model-parallel layers) or ['/cpu:0']")
+    return len(names)
 
 
 def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:

@@ -23,6 +23,8 @@ class StrategyOptions:
     Args:
         devices: device names for Mirrored (e.g. ``["/cpu:0", "/cpu:1"]``) or one device for the
             one-device strategy. None: every local GPU, else the logical CPU devices configured.
+            MultiWorkerMirrored: the GPUs each worker replicates over, ``["/gpu:0", ...,
+            "/gpu:k-1"]``; ``["/gpu:0"]`` leaves the other GPUs to model-parallel layers (hybrid).
         all_reduce: ``"auto"``, ``"ring"`` or ``"nccl"``: the collective implementation.
         bytes_per_pack: pack gradients into chunks of this many bytes before all-reducing (0: TF's
             default of one pack per dtype).

@@ -130,6 +130,23 @@ def test_missing_device_is_a_clear_error():
         kdist.strategy("mirrored", devices=["/cpu:0", "/gpu:7"])
 
 
+@pytest.mark.parametrize("devices, replicas", [(["/gpu:0"], 1), (["/GPU:0", "/gpu:1"], 2),
+                                              (["/cpu:0"], 0)])
+def test_multi_worker_devices_are_the_first_gpus_each_worker_replicates_over(devices, replicas):
+    from kdist.strategies.multi_worker import replica_gpus
+
+    assert replica_gpus(devices) == replicas
+
+
+@pytest.mark.parametrize("devices", [["/gpu:1"], ["/gpu:0", "/gpu:2"], ["/cpu:1"],
+                                     ["/cpu:0", "/gpu:0"]])
+def test_multi_worker_devices_it_cannot_honour_are_refused(devices):
+    from kdist.strategies.multi_worker import replica_gpus
+
+    with pytest.raises(ValueError, match=r"give \['/gpu:0', \.\.\., '/gpu:k-1'\]"):
+        replica_gpus(devices)
+
+
 def test_multi_worker_after_other_ops_explains_the_ordering_rule(monkeypatch):
     import tensorflow as tf
 

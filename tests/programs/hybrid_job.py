@@ -16,7 +16,7 @@ import kdist
 
 out_dir = sys.argv[1]
 devices = kdist.split_cpu(2)
-strategy = kdist.strategy()
+strategy = kdist.strategy(devices=["/cpu:0"])  # one replica per worker; on GPUs ["/gpu:0"]
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
