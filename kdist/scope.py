@@ -108,7 +108,7 @@ def _rebuild_refused(options: dict, spec) -> str:
 
 @contextlib.contextmanager
 def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps_sync="async",
-          balance=None, **options):
+          balance=None, bucket_bytes=None, **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
     `compression` (a `kdist.compression.Compressor`) and `aggregate_every` (all-reduce every k
@@ -116,7 +116,9 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     MultiWorkerMirrored. `ps_sync` (``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"``,
     `kdist.ps.sync`) is how parameter-server updates of those models synchronise. `balance`
     (``"measure"`` or one share per replica, `kdist.balance`) splits each global batch over the
-    replicas in proportion to their speed, the update unchanged.
+    replicas in proportion to their speed, the update unchanged. `bucket_bytes` all-reduces the
+    gradients in buckets of about that many bytes, last layer first, each as soon as its gradients
+    exist, so communication overlaps the rest of the backward pass (`kdist.compression.buckets`).
 
     On the ps and worker tasks of a parameter-server cluster it never returns: the process serves
     the chief (`kdist.serve()`) and exits when the chief is done.
@@ -132,9 +134,10 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     from kdist.ps import sync
 
     chosen = _build_or_reuse(strategy, options)
-    if (compression is not None or aggregate_every != 1) and strategies.is_parameter_server(chosen):
+    if (compression is not None or aggregate_every != 1 or bucket_bytes is not None) and \
+            strategies.is_parameter_server(chosen):
         raise ValueError(
-            "compression/aggregate_every apply to all-reduce strategies. Under ParameterServer "
+            "compression/aggregate_every/bucket_bytes apply to all-reduce strategies. Under ParameterServer "
             "no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
             "from the ps and writes the updated float32 values back, so casting or compressing "
             "gradients would not shrink that traffic")
@@ -145,7 +148,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     requested_balance = plan.Balance.parse(balance)
     if requested_balance is not None:
         requested_balance.checked_for(chosen)  # refused here, not at compile, when it cannot work
-    with chosen.scope(), keras_hook.activated(compression, aggregate_every), \
+    with chosen.scope(), keras_hook.activated(compression, aggregate_every, bucket_bytes), \
             sync.activated(ps_sync), plan.activated(requested_balance):
         yield chosen
 

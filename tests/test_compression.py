@@ -84,3 +84,17 @@ def test_nominal_ratios_for_the_784_1024_1024_10_mlp(report):
     assert ratios["FP16"] == 2.0
     assert ratios["PowerSGD"] == pytest.approx(86.2, abs=0.1)
     assert ratios["TopK"] == pytest.approx(47.4, abs=0.1)
+
+
+@pytest.mark.parametrize("name", ["plain", "fp16", "aggregate_every"])
+def test_buckets_sum_like_one_batch_last_layer_first(report, name):
+    """bucket_bytes: one collective per bucket, issued last layer first; the same sums as Keras's
+    one batch, alone, through a compressor and with aggregate_every."""
+    run = report["buckets"][name]
+    assert run["trained"] > 1e-3  # the weights moved...
+    assert run["max_diff"] == 0.0  # ...exactly as with one batch (2 replicas: a + b either way)
+    assert run["traced"] == [[3], [2], [1], [0]]  # head bias, head kernel, hidden bias, kernel
+
+
+def test_buckets_fill_up_to_bucket_bytes(report):
+    assert report["buckets_grouped"] == [[3, 2], [1, 0]]

@@ -1,6 +1,6 @@
 """Where compressors meet Keras: one `Binding` on the optimizer, and the optimizer patches.
 
-`kdist.scope(compression=..., aggregate_every=k)` makes a compression setting active for the block
+`kdist.scope(compression=..., aggregate_every=k, bucket_bytes=n)` makes a setting active for the block
 (`activated`); `compile()` inside it puts a `Binding` on the model's optimizer (``optimizer._kdist``):
 the compressor, k, the phase being traced and the per-variable state. The optimizer methods kdist
 patches (`install`) only act on optimizers that carry a binding:
@@ -28,22 +28,27 @@ import math
 import keras
 
 from kdist import validators
+from kdist.compression import buckets
 from kdist.compression.base import Comm, Compressor, NoCompression, _numel
 from kdist.keras_compat import internals, registry
 from kdist.layers import placement
 
-# What compile() inside `kdist.scope(compression=...)` binds: (compressor, aggregate_every).
-_active = contextvars.ContextVar("kdist_compression", default=(None, 1))
+# What compile() inside `kdist.scope(compression=...)` binds: (compressor, aggregate_every,
+# bucket_bytes).
+_active = contextvars.ContextVar("kdist_compression", default=(None, 1, None))
 
 
 @contextlib.contextmanager
-def activated(compressor, aggregate_every: int = 1):
-    """Makes `compressor` and `aggregate_every` what `compile()` binds inside this block."""
+def activated(compressor, aggregate_every: int = 1, bucket_bytes: int | None = None):
+    """Makes `compressor`, `aggregate_every` and `bucket_bytes` (`kdist.compression.buckets`)
+    what `compile()` binds inside this block."""
     if compressor is not None and not isinstance(compressor, Compressor):
         raise TypeError(f"compression={compressor!r}: use a kdist.compression.Compressor, e.g. "
                         "kdist.compression.PowerSGD(rank=4)")
     validators.positive_int(aggregate_every, "aggregate_every")
-    token = _active.set((compressor, aggregate_every))
+    if bucket_bytes is not None:
+        validators.positive_int(bucket_bytes, "bucket_bytes")
+    token = _active.set((compressor, aggregate_every, bucket_bytes))
     try:
         yield
     finally:
@@ -64,8 +69,10 @@ class Binding:
     """kdist's whole state on one optimizer (``optimizer._kdist``)."""
 
     def __init__(self, optimizer, compressor: Compressor | None, aggregate_every: int,
-                 balanced: bool = False):
+                 balanced: bool = False, bucket_bytes: int | None = None):
         self.optimizer = optimizer
+        self.bucket_bytes = bucket_bytes  # None: one batch, as Keras; else `buckets`
+        self.traced_buckets: list = []  # the variables of each bucket, as last traced
         self.compressor = compressor
         self.aggregate_every = aggregate_every
         self.balanced = balanced  # kdist.balance: replicas' gradients weighted by their examples
@@ -125,17 +132,26 @@ class Binding:
         extra = []
         if self.balanced:
             dense, examples = weights.weigh(dense, comm.replicas)
-            extra = [examples]  # summed in the same all-reduce as the plain gradients
-        chosen = [k for k, (_, _, v) in enumerate(present)
-                  if self.phase.compress and self._compresses(v)]
-        plain = [k for k in range(len(present)) if k not in chosen]
-        reduced = comm.all_reduce_sum([dense[k] for k in plain] + extra)
-        summed = dict(zip(plain, reduced[:len(plain)]))
-        states = [self._state(present[k][2]) for k in chosen]
-        summed.update(zip(chosen, self.compressor.aggregate([dense[k] for k in chosen], states,
-                                                            comm) if chosen else []))
+            extra = [examples]  # summed in the same all-reduce as the first plain gradients
+        sizes = [t.shape.num_elements() * t.dtype.size for t in dense]
+        groups = buckets.buckets(sizes, self.bucket_bytes) if self.bucket_bytes \
+            else [list(range(len(present)))]
+        self.traced_buckets = [[present[k][2].name for k in group] for group in groups]
+        summed, examples = {}, None
+        for index, group in enumerate(groups):  # one collective (or compressor round) per bucket
+            riders = extra if index == 0 else []
+            chosen = [k for k in group if self.phase.compress and self._compresses(present[k][2])]
+            plain = [k for k in group if k not in chosen]
+            reduced = comm.all_reduce_sum([dense[k] for k in plain] + riders)
+            summed.update(zip(plain, reduced))
+            if riders:
+                examples = reduced[-1]
+            if chosen:
+                states = [self._state(present[k][2]) for k in chosen]
+                summed.update(zip(chosen, self.compressor.aggregate([dense[k] for k in chosen],
+                                                                    states, comm)))
         if self.balanced:
-            summed = dict(zip(summed, weights.unweigh(list(summed.values()), reduced[-1])))
+            summed = dict(zip(summed, weights.unweigh(list(summed.values()), examples)))
         out = list(pairs)
         for k, (i, _, v) in enumerate(present):
             out[i] = (summed[k], v)
@@ -171,7 +187,7 @@ def bind_active(model) -> None:
     just before) to the model's optimizer."""
     from kdist.balance import plan
 
-    compressor, aggregate_every = _active.get()
+    compressor, aggregate_every, bucket_bytes = _active.get()
     if isinstance(compressor, NoCompression):
         compressor = None  # Keras's own all-reduce, bit for bit
     optimizer = model.optimizer
@@ -180,7 +196,7 @@ def bind_active(model) -> None:
         raise ValueError("balance= with aggregate_every > 1: the accumulated micro-batches would "
                          "need weights of their own. Use one of them, or a larger global batch "
                          "instead of aggregate_every")
-    if compressor is None and aggregate_every == 1 and not balanced:
+    if compressor is None and aggregate_every == 1 and not balanced and bucket_bytes is None:
         return
     if optimizer.gradient_accumulation_steps:
         raise ValueError("kdist.scope(compression/aggregate_every) cannot drive an optimizer with "
@@ -189,7 +205,7 @@ def bind_active(model) -> None:
     if binding(optimizer) is not None:
         raise ValueError("this optimizer is already bound by kdist; create a new optimizer (or "
                          "model) per compression setting")
-    optimizer._kdist = Binding(optimizer, compressor, aggregate_every, balanced)
+    optimizer._kdist = Binding(optimizer, compressor, aggregate_every, balanced, bucket_bytes)
 
 
 def stats(model, compressing: bool = True) -> dict:
@@ -280,7 +296,8 @@ def _patch_optimizer() -> list:
             bound = binding(self)
             if context is None:
                 return original(self, grads_and_vars)
-            if bound is not None and (bound.compressor is not None or bound.balanced):
+            if bound is not None and (bound.compressor is not None or bound.balanced
+                                      or bound.bucket_bytes):
                 return bound.all_reduce_sum(grads_and_vars, context)
             if placement.own_group_devices([v for _, v in grads_and_vars], context.strategy):
                 return _all_reduce_by_device(grads_and_vars, context, self.iterations)

@@ -27,10 +27,11 @@ x = rng.normal(size=(192, 32)).astype("float32")
 y = (x[:, :4] @ rng.normal(size=(4, 1))).astype("float32")
 
 
-def build(compressor=None, optimizer=None, aggregate_every=1, seed=1):
+def build(compressor=None, optimizer=None, aggregate_every=1, seed=1, bucket_bytes=None):
     """`optimizer`: a factory, called inside the scope (optimizers capture the strategy)."""
     keras.utils.set_random_seed(seed)
-    with kdist.scope(devices=devices, compression=compressor, aggregate_every=aggregate_every):
+    with kdist.scope(devices=devices, compression=compressor, aggregate_every=aggregate_every,
+                     bucket_bytes=bucket_bytes):
         model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(48, activation="tanh"),
                                   keras.layers.Dense(1)])
         model.compile((optimizer or (lambda: keras.optimizers.SGD(0.05)))(), "mse")
@@ -240,6 +241,32 @@ try:
     report["accumulation_clash"] = "no error"
 except ValueError as err:
     report["accumulation_clash"] = str(err)
+
+# Buckets (bucket_bytes): the same sums, one collective per bucket, last layer first; alone, with
+# compression and with aggregate_every. 1 byte: every tensor is a bucket of its own.
+report["buckets"] = {}
+
+
+def positions(model):
+    """The traced buckets, as positions in model.trainable_variables (kernel 0, bias 0, ...)."""
+    where = {v.value.name: i for i, v in enumerate(model.trainable_variables)}
+    return [[where[name] for name in bucket] for bucket in keras_hook.binding(model).traced_buckets]
+
+
+for name, options, fit_batch in (("plain", {}, 32), ("fp16", {"compressor": compression.FP16()}, 32),
+                                 ("aggregate_every", {"aggregate_every": 2}, 16)):
+    one_batch, bucketed = build(**options), build(**options, bucket_bytes=1)
+    for model in (one_batch, bucketed):
+        model.fit(x, y, batch_size=fit_batch, epochs=2, shuffle=False, verbose=0)
+    report["buckets"][name] = {
+        "max_diff": max(float(np.abs(a - b).max()) for a, b in zip(one_batch.get_weights(),
+                                                                   bucketed.get_weights())),
+        "trained": max(float(np.abs(a - b).max()) for a, b in zip(bucketed.get_weights(),
+                                                                  build().get_weights())),
+        "traced": positions(bucketed)}
+two_buckets = build(bucket_bytes=48 * 4 + 4)  # first bucket: dense_1's bias and kernel
+train(two_buckets)
+report["buckets_grouped"] = positions(two_buckets)
 
 # Nominal bytes for the issue's 784-1024-1024-10 MLP.
 with kdist.scope(devices=devices):
