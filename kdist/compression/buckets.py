@@ -11,7 +11,7 @@ order they were issued, which is the order their gradients become ready (as PyTo
 and Horovod's tensor fusion do).
 
 >>> buckets([4096, 16, 65536, 40], bucket_bytes=1024)
-[[3], [2], [1, 0]]
+[[3, 2], [1, 0]]
 """
 
 from __future__ import annotations
