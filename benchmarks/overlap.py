@@ -10,7 +10,8 @@ whose link is shaped with `tc tbf` (`kdist.k8s.netlab`), one CPU thread each, tr
 t1 is measured in a fresh process with one thread, as the workers compute; t2 is `kdist plan`'s
 model of the same all-reduce on that link (bytes over the rate plus the host's per-byte cost).
 Prints measured step times against t1 + t2 and max(t1, t2) and saves
-benchmarks/results/overlap.{json,md}.
+benchmarks/results/overlap.{json,md} (overlap_inter_op_N with `--inter-op N`: N ops may run side by
+side, e.g. a collective's ring steps next to a backward matmul).
 """
 
 import argparse
@@ -41,11 +42,20 @@ def deep_mlp():
     return model
 
 
-def job(out_path, batch, steps, bucket_bytes):
+def threads(inter_op):
+    """One CPU thread for the ops' math (as `kdist plan` measures t1); `inter_op` threads to run
+    ops side by side (a collective's ring steps next to the backward pass's matmuls)."""
+    import tensorflow as tf
+
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
+
+def job(out_path, batch, steps, bucket_bytes, inter_op):
     """Runs on each worker, in its namespace."""
     import kdist
 
-    measure.one_thread()  # configuration, not an op: allowed before MWMS
+    threads(inter_op)  # configuration, not an op: allowed before MWMS
     kdist.strategy()
     import numpy as np
 
@@ -57,8 +67,8 @@ def job(out_path, batch, steps, bucket_bytes):
             json.dump({"median_step": float(np.median(timed)), "steps": timed}, f)
 
 
-def measure_t1(batch):
-    measure.one_thread()
+def measure_t1(batch, inter_op):
+    threads(inter_op)
     from kdist import planner
 
     print(json.dumps({"t1": planner.measure_compute_time(deep_mlp, batch)}))
@@ -71,7 +81,8 @@ def shaped_run(rate, bucket_bytes, args, scratch):
     with netlab.Network(HOSTS, rate=rate) as network:
         network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out,
                              "--batch", str(args.batch), "--steps", str(args.steps),
-                             "--bucket-bytes", str(bucket_bytes)], PORT, args.timeout)
+                             "--bucket-bytes", str(bucket_bytes), "--inter-op", str(args.inter_op)],
+                            PORT, args.timeout)
     with open(out) as f:
         return json.load(f)
 
@@ -83,21 +94,23 @@ def main():
     parser.add_argument("--bucket-mb", type=float, default=1.0)
     parser.add_argument("--steps", type=int, default=10, help="steps per epoch (2 epochs)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--inter-op", type=int, default=1, help="inter-op threads per worker")
     parser.add_argument("--timeout", type=int, default=900)
     parser.add_argument("--job-out", help=argparse.SUPPRESS)
     parser.add_argument("--bucket-bytes", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--measure-t1", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job_out:
-        return job(args.job_out, args.batch, args.steps, args.bucket_bytes)
+        return job(args.job_out, args.batch, args.steps, args.bucket_bytes, args.inter_op)
     if args.measure_t1:
-        return measure_t1(args.batch)
+        return measure_t1(args.batch, args.inter_op)
 
     from kdist import planner
     from kdist.k8s import netlab
 
     measured_t1 = subprocess.run([sys.executable, os.path.abspath(__file__), "--measure-t1",
-                                  "--batch", str(args.batch)], capture_output=True, text=True,
+                                  "--batch", str(args.batch), "--inter-op", str(args.inter_op)],
+                                 capture_output=True, text=True,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
     t1 = json.loads(measured_t1.stdout.strip().splitlines()[-1])["t1"]
     payload, collective = planner.wire_bytes(deep_mlp(), None)
@@ -122,7 +135,8 @@ def main():
                          "steps": runs})
     lines = [f"2 MWMS workers in network namespaces, links shaped by tc tbf, MLP 64-{DEPTH}x{WIDTH}"
              f"-10 ({payload / 1e6:.2f} MB of gradients), per-replica batch {args.batch}, one CPU "
-             f"thread per worker, {os.cpu_count()} cores; buckets of {args.bucket_mb:g} MB; median "
+             f"thread for the math and {args.inter_op} to run ops per worker, {os.cpu_count()} "
+             f"cores; buckets of {args.bucket_mb:g} MB; median "
              f"step of {args.rounds} runs each, taking turns (interval: bootstrap over the runs); "
              f"t2 from `kdist plan`'s model (host cost {host_cost * 1e9:.2f} ns/byte).", "",
              "| link | t1 | t2 | t1 + t2 | max(t1, t2) | Keras (one batch) | buckets | buckets / "
@@ -134,7 +148,8 @@ def main():
                      f"{r['keras'] * 1e3:.1f} ms | {r['buckets'] * 1e3:.1f} ms | "
                      f"{r['ratio_to_max']:.2f} | {r['speedup']:.2f} | "
                      f"{r['speedup_interval'][0]:.2f}-{r['speedup_interval'][1]:.2f} |")
-    results_table.save("overlap", "\n".join(lines), rows)
+    name = "overlap" if args.inter_op == 1 else f"overlap_inter_op_{args.inter_op}"
+    results_table.save(name, "\n".join(lines), rows)
 
 
 def _pooled_median(rounds: list[list[float]]) -> float:
