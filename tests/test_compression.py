@@ -98,3 +98,24 @@ def test_buckets_sum_like_one_batch_last_layer_first(report, name):
 
 def test_buckets_fill_up_to_bucket_bytes(report):
     assert report["buckets_grouped"] == [[3, 2], [1, 0]]
+
+
+def test_topk_sparsity_warm_up_sends_the_scheduled_ratios(report):
+    """TopK(0.1, warmup=(0.25, 0.125), warmup_steps=3): steps 0-2 send a quarter of each
+    kernel's entries, 3-5 an eighth, then a tenth (value + index per entry; biases go whole)."""
+    sent = report["topk_warmup_bytes"]
+    assert len(sent) == 12
+    assert len(set(sent[0:3])) == len(set(sent[3:6])) == len(set(sent[6:])) == 1
+    assert sent[0] > sent[3] > sent[6]
+    kernels = 8 * (32 * 48 + 48 * 1)  # value + int32 index for every entry, biases 4 * (48 + 1)
+    assert sent[0] == pytest.approx(0.25 * kernels + 4 * 49, abs=16)
+    assert sent[6] == pytest.approx(0.1 * kernels + 4 * 49, abs=16)
+    assert report["topk_warmup_ratio_1_vs_plain"] < 1e-5  # every entry sent: plain Keras's sums
+
+
+def test_topk_float16_values_keep_their_rounding_as_residual(report):
+    half = report["topk_float16"]
+    assert half["dtype"] == "float16" and half["payload_bytes"] == 6 * 12
+    assert half["rounding_kept"] > 0  # 1 + 1e-3 noise is not a float16 number...
+    assert half["feedback_exact"] < 1e-6  # ...and sent + residual is the gradient again
+    assert report["topk_float16_trains"]

@@ -89,6 +89,18 @@ class Compressor:
         self.min_compression_rate = min_compression_rate
         self.start_step = start_step
 
+    # -------------------------------------------------------------- stages
+    stage = None  # the stage the next trace compresses for (set by kdist before tracing)
+
+    def stage_at(self, step: int):
+        """The compressor's setting at optimizer `step` (>= start_step), for compressors whose
+        setting changes during training (a hashable value; each stage is traced once)."""
+        return None
+
+    def last_stage_step(self) -> int:
+        """The first optimizer step from which `stage_at` no longer changes."""
+        return self.start_step
+
     # -------------------------------------------------------------- per tensor, pure functions
     def should_compress(self, shape: Sequence[int]) -> bool:
         if len(shape) < 2:

@@ -56,13 +56,14 @@ def activated(compressor, aggregate_every: int = 1, bucket_bytes: int | None = N
 
 
 class Phase:
-    """What the train function being traced does: compress or not, accumulate or reduce."""
+    """What the train function being traced does: compress or not (and the compressor's stage),
+    accumulate or reduce."""
 
-    def __init__(self, compress: bool, accumulate: bool):
-        self.compress, self.accumulate = compress, accumulate
+    def __init__(self, compress: bool, accumulate: bool, stage=None):
+        self.compress, self.accumulate, self.stage = compress, accumulate, stage
 
     def key(self):
-        return self.compress, self.accumulate
+        return self.compress, self.accumulate, self.stage
 
 
 class Binding:
@@ -243,7 +244,9 @@ class PhaseCallback(keras.callbacks.Callback):
         self._select()
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.binding.aggregate_every > 1 or not self.binding.phase.compress:
+        bound = self.binding
+        if bound.aggregate_every > 1 or not bound.phase.compress or \
+                int(bound.optimizer.iterations.numpy()) <= bound.compressor.last_stage_step():
             self._select()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -257,7 +260,10 @@ class PhaseCallback(keras.callbacks.Callback):
         step = int(bound.optimizer.iterations.numpy())
         compress = bound.compressor is not None and step >= bound.compressor.start_step
         every = bound.aggregate_every
-        bound.phase = Phase(compress, every > 1 and (step + 1) % every != 0)
+        stage = bound.compressor.stage_at(step) if compress else None
+        bound.phase = Phase(compress, every > 1 and (step + 1) % every != 0, stage)
+        if compress:
+            bound.compressor.stage = stage  # what compress/payload_bytes read while tracing
         key = bound.phase.key()
         if key not in self._functions:  # traced on first call, under this phase
             self.model.make_train_function(force=True)
@@ -266,10 +272,11 @@ class PhaseCallback(keras.callbacks.Callback):
 
     def _add_stats(self, logs):
         if logs is not None:
-            compressing = self.binding.phase.compress
-            if compressing not in self._stats:
-                self._stats[compressing] = stats(self.model, compressing=compressing)
-            logs.update(self._stats[compressing])
+            phase = self.binding.phase
+            key = (phase.compress, phase.stage)
+            if key not in self._stats:
+                self._stats[key] = stats(self.model, compressing=phase.compress)
+            logs.update(self._stats[key])
 
 
 def _all_reduce_by_device(grads_and_vars, context, step) -> list:

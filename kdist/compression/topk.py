@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+from kdist import validators
 from kdist.compression.base import Compressor, _numel
 
 
@@ -17,26 +18,51 @@ class TopK(Compressor):
     u = momentum * u + g instead of the gradient and clears u and the residual where it sent
     (factor masking); use it with a momentum-free optimizer (e.g. `SGD(lr)`), since sparsifying
     after the optimizer's own momentum loses accuracy (Lin et al. 2018, section 3.2).
+
+    `warmup` is DGC's sparsity warm-up: ratios sent before `ratio`, each for `warmup_steps`
+    optimizer steps, e.g. ``(0.25, 0.0625, 0.0156)`` then 0.01 (each ratio is traced once).
+    `values="float16"` sends the values in half precision (6 bytes per entry instead of 8).
+
+    >>> topk = TopK(0.01, warmup=(0.25, 0.0625), warmup_steps=10)
+    >>> [topk.stage_at(step) for step in (0, 9, 10, 20, 500)]
+    [0.25, 0.25, 0.0625, 0.01, 0.01]
     """
 
     collective = "all_gather"
 
     def __init__(self, ratio: float = 0.01, error_feedback: bool = True, momentum: float = 0.0,
-                 min_compression_rate: float = 2.0, start_step: int = 0):
+                 min_compression_rate: float = 2.0, start_step: int = 0, warmup=(),
+                 warmup_steps: int = 0, values: str = "float32"):
         super().__init__(min_compression_rate, start_step)
-        if not 0 < ratio <= 1:
-            raise ValueError(f"ratio={ratio!r}: use a fraction in (0, 1], e.g. 0.01 for 1%")
+        for name, value in [("ratio", ratio)] + [(f"warmup[{i}]", r) for i, r in enumerate(warmup)]:
+            if not 0 < value <= 1:
+                raise ValueError(f"{name}={value!r}: use a fraction in (0, 1], e.g. 0.01 for 1%")
+        if warmup:
+            validators.positive_int(warmup_steps, "warmup_steps")
         if not 0 <= momentum < 1:
             raise ValueError(f"momentum={momentum!r}: use a value in [0, 1)")
         if momentum and not error_feedback:
             raise ValueError("momentum correction needs error_feedback=True")
+        if values not in ("float32", "float16"):
+            raise ValueError(f"values={values!r}: use 'float32' or 'float16'")
         self.ratio, self.error_feedback, self.momentum = ratio, error_feedback, momentum
+        self.warmup, self.warmup_steps, self.values = tuple(warmup), warmup_steps, values
+
+    def stage_at(self, step: int) -> float:
+        """The ratio sent at optimizer `step`: a warm-up ratio, then `ratio`."""
+        index = (step - self.start_step) // self.warmup_steps if self.warmup else 0
+        return self.warmup[index] if index < len(self.warmup) else self.ratio
+
+    def last_stage_step(self) -> int:
+        return self.start_step + len(self.warmup) * self.warmup_steps
 
     def _k(self, shape) -> int:
-        return max(1, math.ceil(self.ratio * _numel(shape)))
+        ratio = self.stage if self.stage is not None else self.ratio
+        return max(1, math.ceil(ratio * _numel(shape)))
 
     def payload_bytes(self, shape) -> int:
-        return 8 * self._k(shape)  # float32 value + int32 index
+        value_bytes = 2 if self.values == "float16" else 4
+        return (value_bytes + 4) * self._k(shape)  # value + int32 index
 
     def state_spec(self, shape):
         spec = {"residual": (tuple(shape), "zeros")} if self.error_feedback else {}
@@ -54,11 +80,13 @@ class TopK(Compressor):
         if self.error_feedback:
             flat = flat + tf.reshape(state["residual"].value, [-1])
         _, indices = tf.math.top_k(tf.abs(flat), k=self._k(grad.shape))
-        values = tf.gather(flat, indices)
-        if self.error_feedback:
-            unsent = 1.0 - tf.scatter_nd(indices[:, None], tf.ones_like(values), tf.shape(flat))
-            state["residual"].assign(tf.reshape(flat * unsent, grad.shape))
+        values = tf.cast(tf.gather(flat, indices), self.values)
+        if self.error_feedback:  # what was not sent, float16 rounding included, is kept
+            sent = tf.scatter_nd(indices[:, None], tf.cast(values, flat.dtype), tf.shape(flat))
+            state["residual"].assign(tf.reshape(flat - sent, grad.shape))
             if self.momentum:  # factor masking: no momentum left where the update was sent
+                unsent = 1.0 - tf.scatter_nd(indices[:, None], tf.ones_like(indices, flat.dtype),
+                                             tf.shape(flat))
                 state["velocity"].assign(tf.reshape(velocity * unsent, grad.shape))
         return (values, tf.cast(indices, tf.int32)), None
 
@@ -66,5 +94,6 @@ class TopK(Compressor):
         import tensorflow as tf
 
         values, indices = payload  # every replica's entries, concatenated
+        values = tf.cast(values, grad.dtype)
         summed = tf.scatter_nd(indices[:, None], values, [_numel(grad.shape)])  # adds duplicates
         return tf.reshape(summed, grad.shape)

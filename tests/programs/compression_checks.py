@@ -84,6 +84,32 @@ for name, compressor in (("topk_ratio_1", EveryEntry(1.0)), ("fp16", compression
     train(compressed)
     report["sum_vs_plain"][name] = relative_difference(compressed)
 
+# TopK's sparsity warm-up: the ratio sent changes at the scheduled steps (bytes in the step logs),
+# the stages' sums still the sums; EveryEntry's warm-up at ratio 1 then equals plain Keras.
+bytes_per_step = []
+staged = build(compression.TopK(0.1, warmup=(0.25, 0.125), warmup_steps=3))
+staged.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0, callbacks=[
+    keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: bytes_per_step.append(
+        float(logs["comm_bytes_per_step"])))])
+report["topk_warmup_bytes"] = bytes_per_step
+exact_warmup = build(EveryEntry(0.01, warmup=(1.0,), warmup_steps=12))
+train(exact_warmup)  # 2 epochs x 6 steps: all of them in the ratio-1 stage
+report["topk_warmup_ratio_1_vs_plain"] = relative_difference(exact_warmup)
+
+# Values in float16: half the value bytes, and the rounding kept in the residual.
+half = compression.TopK(0.5, values="float16")
+gradient = tf.constant(rng.normal(size=(4, 6)).astype("float32") * 1e-3 + 1.0)
+residual = keras.Variable(np.zeros((4, 6), "float32"))
+(values16, indices16), _ = half.compress(gradient, {"residual": residual}, 2)
+resent = tf.scatter_nd(tf.cast(indices16, tf.int64)[:, None], tf.cast(values16, tf.float32), [24])
+report["topk_float16"] = {
+    "dtype": values16.dtype.name, "payload_bytes": half.payload_bytes((4, 6)),
+    "feedback_exact": float(np.abs(tf.reshape(resent, (4, 6)) + residual.numpy()
+                                   - gradient.numpy()).max()),
+    "rounding_kept": float(np.abs(residual.numpy()).max())}
+halves = build(compression.TopK(0.1, values="float16"))
+report["topk_float16_trains"] = train(halves)["loss"][-1] < train(build())["loss"][0]
+
 # PowerSGD is exact when the summed gradient has rank <= r (here rank 2, r = 2).
 strategy = kdist.strategy(devices=devices)
 with strategy.scope(), per_replica_variables("mean"):  # as kdist's hook creates its state
