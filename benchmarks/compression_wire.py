@@ -1,6 +1,6 @@
 """Bytes each compressor puts on the wire, and the accuracy it reaches, with 2 MultiWorkerMirrored workers.
 
-    sudo python benchmarks/compression_wire.py [--steps 10] [--epochs 16]
+    sudo python benchmarks/compression_wire.py [--steps 10] [--epochs 8]
 
 (needs root and iproute2). Runs tests/programs/wire_job.py, the program tests/test_compression_wire.py
 checks, under `kdist launch --workers 2 --private-network`: the job has a network namespace of its
@@ -26,7 +26,7 @@ LABELS = {"none": "none", "fp16": "FP16", "powersgd_r4": "PowerSGD rank 4",
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--steps", type=int, default=10, help="measured steps per compressor")
-    parser.add_argument("--epochs", type=int, default=16, help="epochs of the accuracy run")
+    parser.add_argument("--epochs", type=int, default=8, help="epochs of the accuracy run")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout", "1800",

@@ -20,7 +20,7 @@ def wire(tmp_path_factory):
     out = tmp_path_factory.mktemp("wire")
     # In a network namespace of its own: the loopback counter then counts this job's bytes only.
     result = run_kdist(["launch", "--workers", "2", "--timeout", "500", "--private-network", "--",
-                        sys.executable, "tests/programs/wire_job.py", str(out), "3", "16"], timeout=540)
+                        sys.executable, "tests/programs/wire_job.py", str(out), "3", "8"], timeout=540)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
     return json.load(open(out / "wire.json"))
 
