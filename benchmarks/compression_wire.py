@@ -20,7 +20,7 @@ import results_table
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LABELS = {"none": "none", "fp16": "FP16", "powersgd_r4": "PowerSGD rank 4",
-          "topk_1pct": "TopK 1% (momentum 0.9, 46 warm-up steps)"}
+          "topk_1pct": "TopK 1% (momentum 0.9, float16 values, warm-up epoch at 1/16)"}
 
 
 def main():
