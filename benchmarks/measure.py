@@ -13,11 +13,24 @@ def pin_worker_to_one_core():
     os.sched_setaffinity(0, {index % os.cpu_count()})
 
 
-def one_thread():
+def one_thread(inter_op: int = 1):
+    """One CPU thread for each op's math; `inter_op` threads to run ops side by side (e.g. a
+    collective's ring steps next to a backward matmul)."""
     import tensorflow as tf
 
     tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
+
+
+def run_on_shaped_link(hosts, rate, command, out_path, port, timeout) -> dict:
+    """Runs `command` as one worker per host, each in a network namespace of its own whose link
+    `tc` shapes to `rate` (`kdist.k8s.netlab`); returns the JSON the chief wrote to `out_path`."""
+    from kdist.k8s import netlab
+
+    with netlab.Network(hosts, rate=rate) as network:
+        network.run_workers(command, port, timeout)
+    with open(out_path) as f:
+        return json.load(f)
 
 
 def warm_step_times(model, global_batch: int, steps: int, callbacks=()) -> list[float]:

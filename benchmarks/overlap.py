@@ -42,20 +42,11 @@ def deep_mlp():
     return model
 
 
-def threads(inter_op):
-    """One CPU thread for the ops' math (as `kdist plan` measures t1); `inter_op` threads to run
-    ops side by side (a collective's ring steps next to the backward pass's matmuls)."""
-    import tensorflow as tf
-
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(inter_op)
-
-
 def job(out_path, batch, steps, bucket_bytes, inter_op):
     """Runs on each worker, in its namespace."""
     import kdist
 
-    threads(inter_op)  # configuration, not an op: allowed before MWMS
+    measure.one_thread(inter_op)  # configuration, not an op: allowed before MWMS
     kdist.strategy()
     import numpy as np
 
@@ -68,23 +59,18 @@ def job(out_path, batch, steps, bucket_bytes, inter_op):
 
 
 def measure_t1(batch, inter_op):
-    threads(inter_op)
+    measure.one_thread(inter_op)
     from kdist import planner
 
     print(json.dumps({"t1": planner.measure_compute_time(deep_mlp, batch)}))
 
 
 def shaped_run(rate, bucket_bytes, args, scratch):
-    from kdist.k8s import netlab
-
     out = os.path.join(scratch, f"{rate}-{bucket_bytes}.json")
-    with netlab.Network(HOSTS, rate=rate) as network:
-        network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out,
-                             "--batch", str(args.batch), "--steps", str(args.steps),
-                             "--bucket-bytes", str(bucket_bytes), "--inter-op", str(args.inter_op)],
-                            PORT, args.timeout)
-    with open(out) as f:
-        return json.load(f)
+    command = [sys.executable, os.path.abspath(__file__), "--job-out", out, "--batch",
+               str(args.batch), "--steps", str(args.steps), "--bucket-bytes", str(bucket_bytes),
+               "--inter-op", str(args.inter_op)]
+    return measure.run_on_shaped_link(HOSTS, rate, command, out, PORT, args.timeout)
 
 
 def main():

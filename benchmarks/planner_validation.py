@@ -58,14 +58,9 @@ def measure_t1(batch):
 
 
 def shaped_run(rate, out_path, args):
-    from kdist.k8s import netlab
-
-    with netlab.Network(HOSTS, rate=rate) as network:
-        network.run_workers([sys.executable, os.path.abspath(__file__), "--job-out", out_path,
-                             "--batch", str(args.batch), "--steps", str(args.steps)], PORT,
-                            args.timeout)
-    with open(out_path) as f:
-        return json.load(f)
+    command = [sys.executable, os.path.abspath(__file__), "--job-out", out_path,
+               "--batch", str(args.batch), "--steps", str(args.steps)]
+    return measure.run_on_shaped_link(HOSTS, rate, command, out_path, PORT, args.timeout)
 
 
 def main():

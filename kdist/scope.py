@@ -137,8 +137,8 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     if (compression is not None or aggregate_every != 1 or bucket_bytes is not None) and \
             strategies.is_parameter_server(chosen):
         raise ValueError(
-            "compression/aggregate_every/bucket_bytes apply to all-reduce strategies. Under ParameterServer "
-            "no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
+            "compression/aggregate_every/bucket_bytes apply to all-reduce strategies. Under "
+            "ParameterServer no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
             "from the ps and writes the updated float32 values back, so casting or compressing "
             "gradients would not shrink that traffic")
     if sync.SyncMode.parse(ps_sync).kind != "async" and not strategies.is_parameter_server(chosen):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from kdist import validators
 
+import functools
 import math
 from typing import Any, Sequence
 
@@ -53,16 +54,15 @@ class Comm:
         groups = placement.own_group_devices(tensors, strategy)
         routed = {k for positions in groups.values() for k in positions}
         rest = [k for k in range(len(tensors)) if k not in routed]
+        batches = [(rest, functools.partial(self._context.all_reduce, tf.distribute.ReduceOp.SUM))]
+        batches += [(positions, functools.partial(placement.all_reduce_sum, device=device,
+                                                  strategy=strategy))
+                    for device, positions in groups.items()]
         summed = [None] * len(tensors)
-        if rest:
-            reduced = self._context.all_reduce(tf.distribute.ReduceOp.SUM,
-                                               [tensors[k] for k in rest])
-            for k, value in zip(rest, reduced):
-                summed[k] = value
-        for device, positions in groups.items():
-            reduced = placement.all_reduce_sum([tensors[k] for k in positions], device, strategy)
-            for k, value in zip(positions, reduced):
-                summed[k] = value
+        for positions, reduce in batches:
+            if positions:
+                for k, value in zip(positions, reduce([tensors[k] for k in positions])):
+                    summed[k] = value
         return summed
 
     def all_gather(self, tensors: list) -> list:

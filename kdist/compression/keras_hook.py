@@ -1,7 +1,7 @@
 """Where compressors meet Keras: one `Binding` on the optimizer, and the optimizer patches.
 
-`kdist.scope(compression=..., aggregate_every=k, bucket_bytes=n)` makes a setting active for the block
-(`activated`); `compile()` inside it puts a `Binding` on the model's optimizer (``optimizer._kdist``):
+`kdist.scope(compression=..., aggregate_every=k, bucket_bytes=n)` makes a setting active for the
+block (`activated`); `compile()` inside it puts a `Binding` on the model's optimizer (``optimizer._kdist``):
 the compressor, k, the phase being traced and the per-variable state. The optimizer methods kdist
 patches (`install`) only act on optimizers that carry a binding:
 
@@ -134,8 +134,8 @@ class Binding:
         if self.balanced:
             dense, examples = weights.weigh(dense, comm.replicas)
             extra = [examples]  # summed in the same all-reduce as the first plain gradients
-        sizes = [t.shape.num_elements() * t.dtype.size for t in dense]
-        groups = buckets.buckets(sizes, self.bucket_bytes) if self.bucket_bytes \
+        groups = buckets.buckets([t.shape.num_elements() * t.dtype.size for t in dense],
+                                 self.bucket_bytes) if self.bucket_bytes \
             else [list(range(len(present)))]
         self.traced_buckets = [[present[k][2].name for k in group] for group in groups]
         summed, examples = {}, None
@@ -235,6 +235,7 @@ class PhaseCallback(keras.callbacks.Callback):
         self.binding = binding(optimizer)
         self._functions = {}
         self._stats = {}
+        self._settled = False  # compressing in the compressor's last stage: no step changes it
 
     def on_train_begin(self, logs=None):
         if self.model.steps_per_execution > 1 and self.binding.aggregate_every > 1:
@@ -244,9 +245,7 @@ class PhaseCallback(keras.callbacks.Callback):
         self._select()
 
     def on_train_batch_begin(self, batch, logs=None):
-        bound = self.binding
-        if bound.aggregate_every > 1 or not bound.phase.compress or \
-                int(bound.optimizer.iterations.numpy()) <= bound.compressor.last_stage_step():
+        if self.binding.aggregate_every > 1 or not self._settled:
             self._select()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -262,6 +261,7 @@ class PhaseCallback(keras.callbacks.Callback):
         every = bound.aggregate_every
         stage = bound.compressor.stage_at(step) if compress else None
         bound.phase = Phase(compress, every > 1 and (step + 1) % every != 0, stage)
+        self._settled = compress and step >= bound.compressor.last_stage_step()
         if compress:
             bound.compressor.stage = stage  # what compress/payload_bytes read while tracing
         key = bound.phase.key()
