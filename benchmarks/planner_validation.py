@@ -86,7 +86,7 @@ def main():
                                   "--batch", str(args.batch)], capture_output=True, text=True,
                                  env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"), check=True)
     t1 = json.loads(measured_t1.stdout.strip().splitlines()[-1])["t1"]
-    payload, collective = planner.wire_bytes(plan_model.mlp(), None)
+    payload, collective = planner.gradient_bytes(plan_model.mlp()), "all_reduce"
     host_cost = planner.measure_host_cost(payload)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:

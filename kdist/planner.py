@@ -110,16 +110,17 @@ def gradient_bytes(model) -> int:
     return sum(4 * math.prod(v.shape) for v in model.trainable_variables)
 
 
-def wire_bytes(model, compressor) -> tuple[int, str]:
-    """Bytes each worker contributes per step, and the collective that carries them."""
-    if compressor is None:
-        return gradient_bytes(model), "all_reduce"
-    total = 0
+def wire_bytes(model, compressor, replicas: int) -> dict[str, int]:
+    """Bytes each worker contributes per step to each collective ("all_reduce", "all_gather"):
+    what the compressor routes where (`Compressor.route`), the rest all-reduced as float32."""
+    routed = {}
     for variable in model.trainable_variables:
         shape = tuple(variable.shape)
-        total += compressor.payload_bytes(shape) if compressor.should_compress(shape) \
-            else 4 * math.prod(shape)
-    return total, getattr(compressor, "collective", "all_reduce")
+        collective, size = compressor.route(shape, replicas) \
+            if compressor is not None and compressor.should_compress(shape) \
+            else ("all_reduce", 4 * math.prod(shape))
+        routed[collective] = routed.get(collective, 0) + size
+    return routed
 
 
 def communication_time(payload: int, collective: str, replicas: int, bandwidth: float,
@@ -268,14 +269,15 @@ def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, late
     if per_replica_batch < 1 or replicas < 1:
         raise ValueError("--per-replica-batch and --replicas must be >= 1")
     model = model_fn()
-    payload, collective = wire_bytes(model, compressor)
-    t2 = communication_time(payload, collective, replicas, bandwidth, latency, host_cost)
+    routed = wire_bytes(model, compressor, replicas)
+    t2 = sum(communication_time(payload, collective, replicas, bandwidth, latency, host_cost)
+             for collective, payload in routed.items())
     batches = sorted({max(1, per_replica_batch * 2 ** k // 8) for k in range(7)})
     estimates = [estimate(b, measure(model_fn, b), t2, replicas, overlap) for b in batches]
     requested = next(e for e in estimates if e.per_replica_batch == per_replica_batch)
     recommended = next((e for e in estimates if e.t1 >= e.t2), None)
-    return Plan(replicas, gradient_bytes(model), payload, collective, estimates, requested,
-                recommended)
+    return Plan(replicas, gradient_bytes(model), sum(routed.values()), " + ".join(sorted(routed)),
+                estimates, requested, recommended)
 
 
 def plot(result: Plan, path: str) -> None:

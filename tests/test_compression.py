@@ -1,5 +1,7 @@
 """Gradient compression: correctness under MirroredStrategy (2 logical CPUs, one fresh process)."""
 
+import math
+
 import pytest
 
 from conftest import run_report
@@ -119,3 +121,23 @@ def test_topk_float16_values_keep_their_rounding_as_residual(report):
     assert half["rounding_kept"] > 0  # 1 + 1e-3 noise is not a float16 number...
     assert half["feedback_exact"] < 1e-6  # ...and sent + residual is the gradient again
     assert report["topk_float16_trains"]
+
+
+def test_topk_sums_densely_where_that_moves_fewer_bytes(report):
+    """60% of the entries on 2 replicas: all-gathering 2 payloads (value + index) would move more
+    than a dense all-reduce, so kdist scatters and all-reduces them: no all-gather traced, the
+    same weights as the all-gather route, dense bytes in the logs."""
+    route = report["topk_route"]
+    assert route["gather"]["route"] == "all_gather" and route["gather"]["gathered_tensors"] > 0
+    assert route["dense"]["route"] == "all_reduce" and route["dense"]["gathered_tensors"] == 0
+    assert route["max_diff"] == 0.0 and route["trained"]
+    assert route["dense"]["bytes"] == 4 * (32 * 48 + 48 + 48 + 1)  # float32, every entry
+    assert route["gather"]["bytes"] == 8 * (math.ceil(0.6 * 32 * 48) + math.ceil(0.6 * 48)) + 4 * 49
+
+
+def test_topk_clip_norm_clips_each_replica_to_clip_norm_over_sqrt_n(report):
+    clip = report["topk_clip"]
+    assert clip["unclipped_vs_hand"] < 1e-5  # the hand-taken replica gradients are Keras's
+    assert min(clip["replica_norms"]) > 0.05  # both replicas clipped...
+    assert clip["clipped_vs_hand"] < 1e-6  # ...each to 0.05 / sqrt(2), then summed
+    assert clip["step_norm"] <= 2 * 0.05 / math.sqrt(2) + 1e-6  # two clipped gradients

@@ -1,5 +1,6 @@
 """`kdist plan`: the step-time model's arithmetic, the recommendation, and the command end to end."""
 
+import math
 import os
 import re
 
@@ -44,12 +45,28 @@ def test_recommends_the_smallest_batch_whose_compute_covers_the_communication():
 
 def test_compressors_shrink_the_bytes_on_the_wire():
     model = mlp()
-    full, _ = planner.wire_bytes(model, None)
-    half, _ = planner.wire_bytes(model, planner.parse_compression("fp16"))
-    low_rank, collective = planner.wire_bytes(model, planner.parse_compression("powersgd:4"))
-    sparse, gathered = planner.wire_bytes(model, planner.parse_compression("topk:0.01"))
-    assert half == full // 2 and low_rank < full / 50 and collective == "all_reduce"
-    assert sparse < full / 20 and gathered == "all_gather"
+    full = planner.wire_bytes(model, None, 4)["all_reduce"]
+    assert planner.wire_bytes(model, planner.parse_compression("fp16"), 4) == {
+        "all_reduce": full // 2}
+    low_rank = planner.wire_bytes(model, planner.parse_compression("powersgd:4"), 4)
+    assert list(low_rank) == ["all_reduce"] and low_rank["all_reduce"] < full / 50
+    kernels = [v.numpy().size for v in model.trainable_variables if len(v.shape) == 2]
+    biases = 4 * sum(v.numpy().size for v in model.trainable_variables if len(v.shape) == 1)
+    sparse = planner.wire_bytes(model, planner.parse_compression("topk:0.01"), 4)
+    assert sparse == {"all_gather": sum(8 * math.ceil(0.01 * n) for n in kernels),
+                      "all_reduce": biases}  # biases go whole, in the all-reduce
+
+
+def test_topk_is_planned_on_the_route_kdist_takes():
+    """TopK's entries are all-gathered while N payloads weigh less than twice the dense gradient;
+    beyond that (here 1% of float32 value + index at 256 workers) they are summed densely, and
+    the plan's t2 follows: it stops growing with the worker count."""
+    model, topk = mlp(), planner.parse_compression("topk:0.01")
+    assert planner.wire_bytes(model, topk, 256) == {"all_reduce": 4 * sum(
+        v.numpy().size for v in model.trainable_variables)}
+    t2 = {n: planner.plan(mlp, 32, n, 1e9, compressor=topk, measure=lambda *_: 0.01).requested.t2
+          for n in (64, 256, 1024)}
+    assert t2[64] < t2[256] and t2[1024] == pytest.approx(t2[256], rel=0.01)
 
 
 @pytest.mark.parametrize("function,text,words", [
@@ -102,6 +119,6 @@ def test_plan_flags_reach_the_table(tmp_path):
     bf16 = plan("--bandwidth", "100Mbit", "--compression", "bf16")
     assert wire_mb(bf16) == pytest.approx(wire_mb(plain) / 2, rel=0.01)
     sparse = plan("--bandwidth", "100Mbit", "--compression", "topk:0.01")
-    assert "(all_gather)" in sparse and wire_mb(sparse) < wire_mb(plain) / 20
+    assert "(all_gather + all_reduce)" in sparse and wire_mb(sparse) < wire_mb(plain) / 20
     match = re.search(r"global batch (\d+): learning rate = the one tuned at batch 8 x ([\d.]+)", fast)
     assert match and float(match.group(2)) == pytest.approx(int(match.group(1)) / 8)

@@ -123,18 +123,27 @@ class Compressor:
         """Bytes this replica contributes to the collective for a gradient of `shape`."""
         raise NotImplementedError
 
+    def route(self, shape: Sequence[int], replicas: int) -> tuple[str, int]:
+        """The collective that combines a compressed gradient of `shape` among `replicas`, and the
+        bytes this replica contributes to it: `collective` and `payload_bytes` unless a
+        compressor chooses by size (`TopK`)."""
+        return self.collective, self.payload_bytes(shape)
+
     # -------------------------------------------------------------- all tensors of a step
     def aggregate(self, grads: list, states: list[dict], comm: Comm) -> list:
-        """Sums `grads` over the replicas: compress all, one batched collective, decompress all."""
+        """Sums `grads` over the replicas: compress all, one batched collective per route
+        (`route`), decompress all."""
         compressed = [self.compress(g, s, comm.replicas) for g, s in zip(grads, states)]
-        flat = [t for payload, _ in compressed for t in payload]
-        reduced = comm.all_reduce_sum(flat) if self.collective == "all_reduce" else comm.all_gather(flat)
-        out, at = [], 0
-        for (payload, meta), grad, state in zip(compressed, grads, states):
-            out.append(self.decompress(tuple(reduced[at:at + len(payload)]), meta, grad, state,
-                                       comm.replicas))
-            at += len(payload)
-        return out
+        routes = [self.route(g.shape, comm.replicas)[0] for g in grads]
+        reduced = {}
+        for collective, combine in (("all_reduce", comm.all_reduce_sum),
+                                    ("all_gather", comm.all_gather)):
+            positions = [k for k, r in enumerate(routes) if r == collective]
+            results = iter(combine([t for k in positions for t in compressed[k][0]]))
+            for k in positions:
+                reduced[k] = tuple(next(results) for _ in compressed[k][0])
+        return [self.decompress(reduced[k], meta, grad, state, comm.replicas)
+                for k, ((_, meta), grad, state) in enumerate(zip(compressed, grads, states))]
 
     def __repr__(self):
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))

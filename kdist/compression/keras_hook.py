@@ -216,8 +216,9 @@ def stats(model, compressing: bool = True) -> dict:
     bound = binding(model)
     compressor = bound.compressor if bound is not None and compressing else None
     every = bound.aggregate_every if bound is not None else 1
+    replicas = model.distribute_strategy.num_replicas_in_sync
     plain = sum(4 * _numel(v.shape) for v in model.trainable_variables)
-    sent = sum(compressor.payload_bytes(v.shape) if compressor is not None
+    sent = sum(compressor.route(v.shape, replicas)[1] if compressor is not None
                and compressor.should_compress(v.shape) else 4 * _numel(v.shape)
                for v in model.trainable_variables) / every
     return {"comm_bytes_per_step": sent, "comm_uncompressed_bytes": plain,

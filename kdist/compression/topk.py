@@ -12,7 +12,10 @@ class TopK(Compressor):
     """Sends the `ratio` largest-magnitude entries of each gradient (values + int32 indices) and
     keeps the rest as a residual added to the next step's gradient (`error_feedback`).
 
-    The selected entries differ between replicas, so they are all-gathered, not all-reduced.
+    The selected entries differ between replicas, so they are all-gathered, while that moves
+    fewer bytes than summing them scattered into the dense gradient (`route`): with many replicas
+    or a large ratio (a warm-up stage), the dense all-reduce is cheaper. Either way the same
+    entries are sent and summed.
 
     `momentum` > 0 applies DGC's momentum correction: the compressor accumulates the velocity
     u = momentum * u + g instead of the gradient and clears u and the residual where it sent
@@ -22,6 +25,9 @@ class TopK(Compressor):
     `warmup` is DGC's sparsity warm-up: ratios sent before `ratio`, each for `warmup_steps`
     optimizer steps, e.g. ``(0.25, 0.0625, 0.0156)`` then 0.01 (each ratio is traced once).
     `values="float16"` sends the values in half precision (6 bytes per entry instead of 8).
+    `clip_norm` is DGC's local gradient clipping: each replica clips its gradient of each tensor
+    to the L2 norm clip_norm / sqrt(replicas) before accumulating it (per tensor, where DGC clips
+    the whole gradient: the compressor sees one tensor at a time).
 
     >>> topk = TopK(0.01, warmup=(0.25, 0.0625), warmup_steps=10)
     >>> [topk.stage_at(step) for step in (0, 9, 10, 20, 500)]
@@ -32,7 +38,7 @@ class TopK(Compressor):
 
     def __init__(self, ratio: float = 0.01, error_feedback: bool = True, momentum: float = 0.0,
                  min_compression_rate: float = 2.0, start_step: int = 0, warmup=(),
-                 warmup_steps: int = 0, values: str = "float32"):
+                 warmup_steps: int = 0, values: str = "float32", clip_norm: float | None = None):
         super().__init__(min_compression_rate, start_step)
         for name, value in [("ratio", ratio)] + [(f"warmup[{i}]", r) for i, r in enumerate(warmup)]:
             if not 0 < value <= 1:
@@ -45,8 +51,11 @@ class TopK(Compressor):
             raise ValueError("momentum correction needs error_feedback=True")
         if values not in ("float32", "float16"):
             raise ValueError(f"values={values!r}: use 'float32' or 'float16'")
+        if clip_norm is not None and not clip_norm > 0:
+            raise ValueError(f"clip_norm={clip_norm!r}: use a positive norm, or None not to clip")
         self.ratio, self.error_feedback, self.momentum = ratio, error_feedback, momentum
         self.warmup, self.warmup_steps, self.values = tuple(warmup), warmup_steps, values
+        self.clip_norm = clip_norm
 
     def stage_at(self, step: int) -> float:
         """The ratio sent at optimizer `step`: a warm-up ratio, then `ratio`."""
@@ -64,6 +73,21 @@ class TopK(Compressor):
         value_bytes = 2 if self.values == "float16" else 4
         return (value_bytes + 4) * self._k(shape)  # value + int32 index
 
+    def route(self, shape, replicas):
+        """All-gather while N payloads weigh less than twice the dense gradient (each replica
+        receives N - 1 payloads, against 2 (N - 1) / N of the dense bytes in a ring all-reduce);
+        else the entries, scattered into a dense float32 gradient, are all-reduced.
+
+        >>> [TopK(0.25).route((1000, 1000), n) for n in (2, 8)]
+        [('all_gather', 2000000), ('all_reduce', 4000000)]
+        >>> [TopK(0.01).route((1000, 1000), n)[0] for n in (64, 128)]
+        ['all_gather', 'all_reduce']
+        """
+        payload = self.payload_bytes(shape)
+        if replicas * payload < 2 * 4 * _numel(shape):
+            return "all_gather", payload
+        return "all_reduce", 4 * _numel(shape)
+
     def state_spec(self, shape):
         spec = {"residual": (tuple(shape), "zeros")} if self.error_feedback else {}
         if self.momentum:
@@ -73,6 +97,8 @@ class TopK(Compressor):
     def compress(self, grad, state, replicas):
         import tensorflow as tf
 
+        if self.clip_norm is not None:  # DGC's local clipping, the threshold scaled by N^-1/2
+            grad = tf.clip_by_norm(grad, self.clip_norm / math.sqrt(replicas))
         flat = tf.reshape(grad, [-1])
         if self.momentum:
             velocity = self.momentum * tf.reshape(state["velocity"].value, [-1]) + flat
@@ -88,12 +114,21 @@ class TopK(Compressor):
                 unsent = 1.0 - tf.scatter_nd(indices[:, None], tf.ones_like(indices, flat.dtype),
                                              tf.shape(flat))
                 state["velocity"].assign(tf.reshape(velocity * unsent, grad.shape))
+        if self.route(grad.shape, replicas)[0] == "all_reduce":
+            return (_scatter(values, indices, grad),), None
         return (values, tf.cast(indices, tf.int32)), None
 
     def decompress(self, payload, meta, grad, state, replicas):
         import tensorflow as tf
 
+        if self.route(grad.shape, replicas)[0] == "all_reduce":
+            return tf.reshape(payload[0], grad.shape)  # the replicas' entries, summed densely
         values, indices = payload  # every replica's entries, concatenated
-        values = tf.cast(values, grad.dtype)
-        summed = tf.scatter_nd(indices[:, None], values, [_numel(grad.shape)])  # adds duplicates
-        return tf.reshape(summed, grad.shape)
+        return tf.reshape(_scatter(values, indices, grad), grad.shape)
+
+
+def _scatter(values, indices, grad):
+    """The flat dense gradient holding `values` at `indices` (duplicates added)."""
+    import tensorflow as tf
+
+    return tf.scatter_nd(indices[:, None], tf.cast(values, grad.dtype), [_numel(grad.shape)])

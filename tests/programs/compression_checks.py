@@ -70,6 +70,9 @@ class EveryEntry(compression.TopK):
     def should_compress(self, shape):
         return len(shape) >= 2  # even where the indices make the payload larger
 
+    def route(self, shape, replicas):
+        return "all_gather", self.payload_bytes(shape)  # even where all-reduce would cost less
+
 
 def relative_difference(model):
     scale = max(float(np.abs(w).max()) for w in plain.get_weights())
@@ -109,6 +112,63 @@ report["topk_float16"] = {
     "rounding_kept": float(np.abs(residual.numpy()).max())}
 halves = build(compression.TopK(0.1, values="float16"))
 report["topk_float16_trains"] = train(halves)["loss"][-1] < train(build())["loss"][0]
+
+# TopK's route by size: at 60% of the entries, 2 payloads (value + index) weigh more than twice
+# the dense gradient, so the entries are scattered and all-reduced. The same entries are summed:
+# the weights equal those of the all-gather route exactly (2 replicas: a + b either way), and no
+# all-gather is traced.
+class ByRoute(EveryEntry):
+    route = compression.TopK.route
+
+
+gathers = []
+all_gather = compression.Comm.all_gather
+compression.Comm.all_gather = lambda comm, tensors: gathers.append(len(tensors)) or \
+    all_gather(comm, tensors)
+routes = {}
+for name, compressor in (("gather", EveryEntry(0.6)), ("dense", ByRoute(0.6))):
+    gathers.clear()
+    routes[name] = build(compressor)
+    train(routes[name])
+    report.setdefault("topk_route", {})[name] = {
+        "route": compressor.route((32, 48), 2)[0], "gathered_tensors": sum(gathers),
+        "bytes": compression.stats(routes[name])["comm_bytes_per_step"]}
+compression.Comm.all_gather = all_gather
+report["topk_route"]["max_diff"] = max(float(np.abs(a - b).max()) for a, b in zip(
+    routes["gather"].get_weights(), routes["dense"].get_weights()))
+report["topk_route"]["trained"] = not same(routes["dense"], build())
+
+# DGC's local clipping: one SGD(1) step on 2 replicas sums each replica's gradient clipped to
+# clip_norm / sqrt(2); the replicas' gradients are taken by hand on their halves of the batch
+# (each half's mean loss / 2: Keras's global mean).
+def clipped_step(clip_norm):
+    keras.utils.set_random_seed(5)
+    with kdist.scope(devices=devices, compression=EveryEntry(1.0, clip_norm=clip_norm)):
+        model = keras.Sequential([keras.Input((32,)), keras.layers.Dense(4, use_bias=False)])
+        model.compile(keras.optimizers.SGD(1.0), "mse")
+    before = model.get_weights()[0]
+    model.fit(x[:64], np.repeat(y[:64], 4, axis=1), batch_size=64, epochs=1, shuffle=False,
+              verbose=0)
+    return before, model.get_weights()[0] - before
+
+
+def replica_gradient(kernel, half):
+    variable = tf.Variable(kernel)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean((x[half] @ variable - np.repeat(y[half], 4, axis=1)) ** 2) / 2
+    return tape.gradient(loss, variable).numpy()
+
+
+kernel, unclipped = clipped_step(None)
+halves = [replica_gradient(kernel, slice(0, 32)), replica_gradient(kernel, slice(32, 64))]
+threshold = 0.05 / np.sqrt(2)
+expected = -sum(g * min(1.0, threshold / np.linalg.norm(g)) for g in halves)
+_, clipped = clipped_step(0.05)
+report["topk_clip"] = {
+    "unclipped_vs_hand": float(np.abs(unclipped + sum(halves)).max()),
+    "clipped_vs_hand": float(np.abs(clipped - expected).max()),
+    "replica_norms": [float(np.linalg.norm(g)) for g in halves],
+    "step_norm": float(np.linalg.norm(clipped))}
 
 # PowerSGD is exact when the summed gradient has rank <= r (here rank 2, r = 2).
 strategy = kdist.strategy(devices=devices)
