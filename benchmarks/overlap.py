@@ -7,7 +7,7 @@
 whose link is shaped with `tc tbf` (`kdist.k8s.netlab`), one CPU thread each, train a deep MLP
 (64 -> 8 x 512 -> 10, SGD): Keras's all-reduce (one batch, packed first layer first) and
 `kdist.scope(bucket_bytes=...)` (buckets, last layer first), taking turns `--rounds` times per link.
-t1 is measured in a fresh process with one thread, as the workers compute; t2 is measured on
+t1 is measured in a fresh process on one core, as each worker computes; t2 is measured on
 each link by the same 2 workers running Keras's gradient all-reduce alone (one batch of the
 model's gradient shapes, no compute), next to `kdist plan`'s model of it (bytes over the rate plus
 the host's per-byte cost). Prints measured step times against t1 + t2 and max(t1, t2) and saves
@@ -87,6 +87,9 @@ def all_reduce_step_times(strategy, model, steps) -> list[float]:
 
 
 def measure_t1(batch, inter_op):
+    """On one core, as each of the 2 workers has one: with `inter_op` 2 a lone process would
+    otherwise run a layer's two backward matmuls on both cores, which the workers cannot."""
+    os.sched_setaffinity(0, {0})
     measure.one_thread(inter_op)
     from kdist import planner
 
@@ -155,7 +158,7 @@ def main():
     lines = [f"2 MWMS workers in network namespaces, links shaped by tc tbf, MLP 64-{DEPTH}x{WIDTH}"
              f"-10 ({payload / 1e6:.2f} MB of gradients), per-replica batch {args.batch}, one CPU "
              f"thread for the math and {args.inter_op} to run ops per worker, {os.cpu_count()} "
-             f"cores; buckets of {args.bucket_mb:g} MB; median "
+             f"cores (t1 measured alone on one of them); buckets of {args.bucket_mb:g} MB; median "
              f"step of {args.rounds} runs each, taking turns (interval: bootstrap over the runs); "
              "t2 measured: the same workers' gradient all-reduce alone on that link (median of "
              f"{2 * args.steps}); t2 model: `kdist plan`'s (host cost {host_cost * 1e9:.2f} "
