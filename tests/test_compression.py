@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from conftest import run_report
+from conftest import run_python, run_report
 
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
@@ -121,6 +121,21 @@ def test_topk_float16_values_keep_their_rounding_as_residual(report):
     assert half["rounding_kept"] > 0  # 1 + 1e-3 noise is not a float16 number...
     assert half["feedback_exact"] < 1e-6  # ...and sent + residual is the gradient again
     assert report["topk_float16_trains"]
+
+
+@pytest.mark.parametrize("threads,warned", [(1, True), (2, False)])
+def test_buckets_warn_when_tensorflow_runs_one_op_at_a_time(threads, warned):
+    """With one inter-op thread a bucket's all-reduce waits for every backward op: the buckets
+    only add collectives (benchmarks/results/overlap.md: slower on fast links), so kdist says so."""
+    result = run_python(["-c", f"""
+import tensorflow as tf, kdist
+tf.config.threading.set_inter_op_parallelism_threads({threads})
+with kdist.scope(bucket_bytes=1 << 20):
+    pass
+"""], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert ("bucket_bytes with 1 inter-op thread" in result.stderr) is warned, result.stderr[-3000:]
+    assert ("set_inter_op_parallelism_threads" in result.stderr) is warned
 
 
 def test_topk_sums_densely_where_that_moves_fewer_bytes(report):

@@ -16,6 +16,11 @@ and Horovod's tensor fusion do).
 
 from __future__ import annotations
 
+import logging
+import os
+
+logger = logging.getLogger("kdist")
+
 
 def buckets(sizes_in_bytes: list[int], bucket_bytes: int) -> list[list[int]]:
     """Positions of the tensors, last first, in buckets: a bucket closes once it holds at least
@@ -30,3 +35,18 @@ def buckets(sizes_in_bytes: list[int], bucket_bytes: int) -> list[list[int]]:
     if current:
         grouped.append(current)
     return grouped
+
+
+def warn_if_serial() -> None:
+    """Logs a warning when TensorFlow runs one op at a time (one inter-op thread): a bucket's
+    collective then waits for each backward op to end, nothing overlaps, and every bucket costs a
+    collective of its own (slower than one batch on fast links: benchmarks/results/overlap.md)."""
+    import tensorflow as tf
+
+    threads = tf.config.threading.get_inter_op_parallelism_threads() or os.cpu_count()
+    if threads < 2:
+        logger.warning(
+            "kdist: bucket_bytes with %d inter-op thread: TensorFlow runs one op at a time, so a "
+            "bucket's all-reduce cannot run beside the backward pass and the buckets only add "
+            "collectives. Use 2 or more (tf.config.threading.set_inter_op_parallelism_threads; "
+            "TensorFlow's default is one per core), or drop bucket_bytes", threads)

@@ -48,6 +48,7 @@ def activated(compressor, aggregate_every: int = 1, bucket_bytes: int | None = N
     validators.positive_int(aggregate_every, "aggregate_every")
     if bucket_bytes is not None:
         validators.positive_int(bucket_bytes, "bucket_bytes")
+        buckets.warn_if_serial()
     token = _active.set((compressor, aggregate_every, bucket_bytes))
     try:
         yield
