@@ -152,7 +152,8 @@ def _parser() -> argparse.ArgumentParser:
                       help="none, fp16, bf16, powersgd:RANK or topk:RATIO")
     plan.add_argument("--overlap", action="store_true",
                       help="assume communication overlaps computation: max(t1, t2) instead of "
-                           "t1 + t2 (what Keras on tf.distribute achieves)")
+                           "t1 + t2 (what Keras on tf.distribute achieves; kdist.scope("
+                           "bucket_bytes=...) measured in between, see the README's Overlap)")
     plan.add_argument("--host-cost", default="auto",
                       help="CPU seconds per byte of the all-reduce's software path (copies, "
                            "serialization): 'auto' measures it with 2 workers on this machine's "
