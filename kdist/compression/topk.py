@@ -114,14 +114,15 @@ class TopK(Compressor):
                 unsent = 1.0 - tf.scatter_nd(indices[:, None], tf.ones_like(indices, flat.dtype),
                                              tf.shape(flat))
                 state["velocity"].assign(tf.reshape(velocity * unsent, grad.shape))
-        if self.route(grad.shape, replicas)[0] == "all_reduce":
-            return (_scatter(values, indices, grad),), None
-        return (values, tf.cast(indices, tf.int32)), None
+        collective = self.route(grad.shape, replicas)[0]  # meta: decompress reads it back
+        if collective == "all_reduce":
+            return (_scatter(values, indices, grad),), collective
+        return (values, tf.cast(indices, tf.int32)), collective
 
     def decompress(self, payload, meta, grad, state, replicas):
         import tensorflow as tf
 
-        if self.route(grad.shape, replicas)[0] == "all_reduce":
+        if meta == "all_reduce":
             return tf.reshape(payload[0], grad.shape)  # the replicas' entries, summed densely
         values, indices = payload  # every replica's entries, concatenated
         return tf.reshape(_scatter(values, indices, grad), grad.shape)
