@@ -11,7 +11,6 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import kdist  # noqa: E402
 import mnist_multiworker  # noqa: E402  (defines the shared flags)
 
 FLAGS = flags.FLAGS
@@ -19,14 +18,11 @@ flags.DEFINE_string("compressor", "powersgd:4",
                     "how gradients are compressed: none, fp16, bf16, powersgd:RANK or topk:RATIO")
 
 
-def make_compressor():
-    return kdist.compression.from_name(FLAGS.compressor)
-
-
 def main(argv):
+    # kdist.scope(compression=...) takes the name as it is (or a kdist.compression object).
     return mnist_multiworker.launch_or_train(__file__, lambda: mnist_multiworker.train(
         FLAGS.data, FLAGS.epochs, FLAGS.per_replica_batch, FLAGS.learning_rate, FLAGS.data_dir,
-        FLAGS.checkpoint_dir, compression=make_compressor()))
+        FLAGS.checkpoint_dir, compression=FLAGS.compressor))
 
 
 if __name__ == "__main__":

@@ -14,8 +14,10 @@ import sys as _sys
 from kdist.cluster import ClusterSpec, ClusterSpecError, cluster
 from kdist.devices import split_cpu
 from kdist import scope as _scope_module
+from kdist.keras_seam import hooks as _hooks, versions as _versions
 from kdist.scope import current_strategy, scope, strategy
 from kdist.ps.serve import serve
+from kdist.training.keras_hooks import KdistHooks as _KdistHooks
 
 __version__ = "0.1.0"
 
@@ -36,6 +38,7 @@ _LAZY = {
     "compression": ("kdist.compression", None),
     "layers": ("kdist.layers", None),
     "LinearWarmup": ("kdist.batching", "LinearWarmup"),
+    "TrainingOptions": ("kdist.training.options", "TrainingOptions"),
     "global_batch_size": ("kdist.batching", "global_batch_size"),
     "scale_learning_rate": ("kdist.batching", "scale_learning_rate"),
 }
@@ -55,6 +58,7 @@ __all__ = [
     "ClusterSpec",
     "ClusterSpecError",
     "LinearWarmup",
+    "TrainingOptions",
     "balance",
     "barrier",
     "callbacks",
@@ -78,7 +82,7 @@ def _prepare_multi_worker() -> None:
     builds MultiWorkerMirroredStrategy first (`kdist.scope.build_multi_worker_before_first_op`).
     `KDIST_EAGER_MULTI_WORKER=0` turns this off. The `kdist` command line never does it.
     """
-    if _os.environ.get("KDIST_EAGER_MULTI_WORKER", "1") == "0" or _running_the_command_line():
+    if not _switch("KDIST_EAGER_MULTI_WORKER") or _running_the_command_line():
         return
     if _os.environ.get(_scope_module.STRATEGY_ENV, "auto").strip() not in ("", "auto",
                                                                           "multi_worker"):
@@ -91,10 +95,26 @@ def _prepare_multi_worker() -> None:
         _scope_module.build_multi_worker_before_first_op()
 
 
+def _switch(name: str) -> bool:
+    """An on/off environment variable (default on); another value is named in one warning line
+    and read as on."""
+    text = _os.environ.get(name, "1").strip().lower()
+    if text in ("0", "false", "no", "off"):
+        return False
+    if text not in ("1", "true", "yes", "on", ""):
+        _logger.warning("kdist: %s=%r is neither 0 nor 1; read as 1 (set 0 to turn it off)", name,
+                        _os.environ[name])
+    return True
+
+
 def _running_the_command_line() -> bool:
     argv = getattr(_sys, "orig_argv", _sys.argv)
     return _os.path.basename(_sys.argv[0]) == "kdist" or any(
         a == "-m" and b in ("kdist", "kdist.cli") for a, b in zip(argv, argv[1:]))
 
 
+_hooks.connect(_KdistHooks())  # kdist's features at the seam's hook points (kdist.keras_seam)
+_outside = _versions.outside_range_line()
+if _outside:
+    _logger.warning(_outside)
 _prepare_multi_worker()

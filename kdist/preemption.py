@@ -66,21 +66,21 @@ class PreemptionNotice:
         return self.received or self.save_at is not None
 
     def _publish(self, step: int) -> None:
-        from tensorflow.python.eager import context
+        from kdist.keras_seam import tf_internals
 
         try:
-            context.context().set_config_key_value(self._key, str(step))
+            tf_internals.set_job_key(self._key, str(step))
         except Exception:  # noqa: BLE001 (another worker published first: its step holds)
             pass
-        self.save_at = int(context.context().get_config_key_value(self._key))
+        self.save_at = int(tf_internals.get_job_key(self._key))
 
     def _watch(self) -> None:
-        from tensorflow.python.eager import context
+        from kdist.keras_seam import tf_internals
 
         while not self._closed.is_set():
             started = time.monotonic()
             try:
-                value = context.context().get_config_key_value(self._key, POLL_MS)
+                value = tf_internals.get_job_key(self._key, POLL_MS)
             except Exception:  # noqa: BLE001 (deadline: not published yet; or the job is ending)
                 if time.monotonic() - started < POLL_MS / 2000:  # failed at once: do not spin
                     self._closed.wait(POLL_MS / 1000)

@@ -15,7 +15,9 @@ import logging
 import os
 
 from kdist import strategies
+from kdist.keras_seam import patches
 from kdist.cluster import cluster
+from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
 
@@ -51,22 +53,16 @@ def build_multi_worker_before_first_op() -> None:
     (`split_cpu`, memory growth), and a later `kdist.scope()` enters it. A script that calls
     `kdist.strategy(...)` / `kdist.scope(...)` before any op builds it itself, options included.
     """
-    from tensorflow.python.eager import context
+    from kdist.keras_seam import tf_internals
 
-    runtime = context.context()
-    if runtime._context_handle is not None:
-        return  # already initialised: kdist.scope() will explain the ordering rule
-    initialise = runtime.ensure_initialized
-
-    def build_then_initialise():
+    def build():
         global _eager
-        del runtime.ensure_initialized  # one shot: TF's own method from now on
         if _current is None and not _building:
             _build_or_reuse("auto", {})
             _eager = True
-        initialise()
 
-    runtime.ensure_initialized = build_then_initialise
+    # Already initialised: nothing to do, kdist.scope() will explain the ordering rule.
+    tf_internals.run_before_first_op(build)
 
 
 def _build_or_reuse(requested: str, options: dict):
@@ -88,7 +84,7 @@ def _build_or_reuse(requested: str, options: dict):
             raise RuntimeError(_rebuild_refused(options, spec))
         _building = True  # TF's first op may run in here: it must not build another strategy
         try:
-            install_patches()
+            patches.install()
             _built[key] = strategies.build(name, spec, opts)
         finally:
             _building = False
@@ -111,14 +107,20 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
           balance=None, bucket_bytes=None, **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
-    `compression` (a `kdist.compression.Compressor`) and `aggregate_every` (all-reduce every k
-    steps, accumulating locally) apply to the models compiled inside the block, under Mirrored and
-    MultiWorkerMirrored. `ps_sync` (``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"``,
-    `kdist.ps.sync`) is how parameter-server updates of those models synchronise. `balance`
-    (``"measure"`` or one share per replica, `kdist.balance`) splits each global batch over the
-    replicas in proportion to their speed, the update unchanged. `bucket_bytes` all-reduces the
-    gradients in buckets of about that many bytes, last layer first, each as soon as its gradients
-    exist, so communication overlaps the rest of the backward pass (`kdist.compression.buckets`).
+    The training options (`kdist.training.options.TrainingOptions`) apply to the models compiled
+    inside the block, checked once against the strategy:
+
+    - `compression`: a name (``"fp16"``, ``"bf16"``, ``"powersgd:4"``, ``"topk:0.01"``) or a
+      `kdist.compression.Compressor`; `aggregate_every`: all-reduce every k steps, accumulating
+      locally; `bucket_bytes`: all-reduce in buckets of about that many bytes, last layer first,
+      each as soon as its gradients exist (`kdist.exchange.buckets`). Mirrored and
+      MultiWorkerMirrored.
+    - `balance`: ``"measure"`` or one share per replica (`kdist.balance`): each global batch split
+      over the replicas in proportion to their speed, the update unchanged.
+    - `ps_sync`: ``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"`` (`kdist.ps.sync`): how
+      parameter-server updates synchronise.
+
+    `**options` build the strategy (`kdist.strategies.StrategyOptions`).
 
     On the ps and worker tasks of a parameter-server cluster it never returns: the process serves
     the chief (`kdist.serve()`) and exits when the chief is done.
@@ -129,47 +131,18 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     default strategy. A bare `scope()` (no strategy, no options) after `kdist.strategy(...)` or
     `kdist.scope(...)` enters that same strategy. Create models and call `compile()` inside.
     """
-    from kdist.balance import plan
-    from kdist.compression import keras_hook  # needs Keras: imported on use
-    from kdist.ps import sync
+    from kdist.exchange import buckets
+    from kdist.training import options as training_options
 
+    requested = training_options.TrainingOptions.parse(
+        compression=compression, aggregate_every=aggregate_every, bucket_bytes=bucket_bytes,
+        balance=balance, ps_sync=ps_sync)
     chosen = _build_or_reuse(strategy, options)
-    if (compression is not None or aggregate_every != 1 or bucket_bytes is not None) and \
-            strategies.is_parameter_server(chosen):
-        raise ValueError(
-            "compression/aggregate_every/bucket_bytes apply to all-reduce strategies. Under "
-            "ParameterServer no gradient is exchanged as such: a worker reads each variable (and optimizer slot) "
-            "from the ps and writes the updated float32 values back, so casting or compressing "
-            "gradients would not shrink that traffic")
-    if sync.SyncMode.parse(ps_sync).kind != "async" and not strategies.is_parameter_server(chosen):
-        raise ValueError(f"ps_sync={ps_sync!r} is for ParameterServerStrategy; this scope runs "
-                         f"{type(chosen).__name__}, whose replicas all-reduce every step "
-                         "(synchronous already). Drop ps_sync, or add ps tasks to the cluster")
-    requested_balance = plan.Balance.parse(balance)
-    if requested_balance is not None:
-        requested_balance.checked_for(chosen)  # refused here, not at compile, when it cannot work
-    with chosen.scope(), keras_hook.activated(compression, aggregate_every, bucket_bytes), \
-            sync.activated(ps_sync), plan.activated(requested_balance):
+    requested.checked_for(chosen)
+    if requested.bucket_bytes is not None:
+        buckets.warn_if_serial()
+    with chosen.scope(), training_options.activated(requested):
         yield chosen
-
-
-def install_patches() -> None:
-    """Installs kdist's Keras patches (idempotent): the upstream fixes (`kdist.keras_compat`) and
-    the fit/evaluate/predict dispatch with the compression hooks (`kdist.fit_dispatch`)."""
-    from kdist import fit_dispatch, keras_compat
-
-    keras_compat.install()
-    fit_dispatch.install()
-
-
-def uninstall_patches() -> None:
-    """Restores Keras exactly as it was before `install_patches()`."""
-    from kdist import fit_dispatch, keras_compat
-    from kdist.layers import placement
-
-    fit_dispatch.uninstall()
-    keras_compat.uninstall()
-    placement.uninstall()
 
 
 def current_strategy():
@@ -182,12 +155,13 @@ def current_strategy():
 def _requested_name(argument: str) -> str:
     from_env = os.environ.get(STRATEGY_ENV, "").strip()
     if from_env and argument != "auto" and from_env != argument:
-        raise ValueError(f"kdist.scope(strategy={argument!r}) conflicts with "
-                         f"{STRATEGY_ENV}={from_env!r}: unset the variable or drop the argument")
+        raise UsageError("strategy", f"kdist.scope(strategy={argument!r}) conflicts with "
+                         f"{STRATEGY_ENV}={from_env!r}", "unset the variable or drop the argument")
     name = argument if argument != "auto" else (from_env or "auto")
     if name != "auto" and name not in strategies.NAMES:
         source = "strategy" if argument != "auto" else STRATEGY_ENV
-        raise ValueError(f"{source}={name!r}: use 'auto' or one of {', '.join(strategies.NAMES)}")
+        raise UsageError(source, f"{name!r} is not a strategy",
+                         f"use 'auto' or one of {', '.join(strategies.NAMES)}")
     return name
 
 

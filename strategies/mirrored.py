@@ -8,9 +8,10 @@ OPTIONS = frozenset({"devices", "all_reduce"})
 def build(cluster, options: StrategyOptions):
     import tensorflow as tf
 
-    if options.all_reduce == "ring":
-        raise ValueError("all_reduce='ring' is not available to MirroredStrategy (one process); use "
-                         "'auto' or 'nccl' ('ring' applies to multi-worker)")
+    if options.all_reduce in ("ring", "tcp"):
+        raise ValueError(f"all_reduce={options.all_reduce!r} is not available to MirroredStrategy "
+                         "(one process); use 'auto' or 'nccl' ('ring' and 'tcp' apply to "
+                         "multi-worker)")
     # "auto": TF's choice, NCCL between GPUs and reduction to one device otherwise.
     cross_device_ops = tf.distribute.NcclAllReduce() if options.all_reduce == "nccl" else None
     return tf.distribute.MirroredStrategy(local_devices(options.devices),

@@ -16,18 +16,22 @@ def build(cluster, options: StrategyOptions):
     import tensorflow as tf
 
     _configure_coordination_service(cluster, options.dead_peer_timeout)
-    resolver = cluster.resolver()
-    if options.devices is not None:
-        gpus = replica_gpus(options.devices)
-        resolver.num_accelerators = lambda *args, **kwargs: {"GPU": gpus}  # what MWMS counts
+    # MWMS replicates over as many GPUs as the resolver counts (every local one by default).
+    gpus = None if options.devices is None else replica_gpus(options.devices)
+    resolver = cluster.resolver(num_gpus=gpus)
     try:
-        return tf.distribute.MultiWorkerMirroredStrategy(
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
             cluster_resolver=resolver,
             communication_options=options.communication_options())
     except RuntimeError as err:
         if "at program startup" in str(err):
             raise RuntimeError(ORDERING_RULE) from err
         raise
+    if options.all_reduce == "tcp" and len(strategy.extended.worker_devices) > 1:
+        raise ValueError(f"all_reduce='tcp' sums one replica per worker, and each worker here has "
+                         f"{len(strategy.extended.worker_devices)} (its GPUs): use 'auto' (NCCL "
+                         "between GPUs), or devices=['/gpu:0']")
+    return strategy
 
 
 def replica_gpus(devices) -> int:
@@ -39,9 +43,9 @@ def replica_gpus(devices) -> int:
     >>> replica_gpus(["/gpu:0", "/gpu:1"]), replica_gpus(["/cpu:0"])
     (2, 0)
     """
-    from kdist.strategies.options import _canonical
+    from kdist.strategies.options import canonical_name
 
-    names = [_canonical(d) for d in devices]
+    names = [canonical_name(d) for d in devices]
     if names == ["CPU:0"]:
         return 0
     if names != [f"GPU:{i}" for i in range(len(names))]:
@@ -56,54 +60,26 @@ def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
     """Configures TF's coordination service as MultiWorkerMirroredStrategy would, plus a heartbeat
     timeout derived from `dead_peer_timeout`.
 
-    In TF 2.16-2.21 MWMS turns its Python peer health check off whenever the coordination service
+    In TF 2.16-2.22 MWMS turns its Python peer health check off whenever the coordination service
     runs (the default), and detects a dead or hung peer by the service's heartbeat alone (10 s by
     default). MWMS configures the service only when nobody has, so kdist configures it first.
     """
-    from tensorflow.python.distribute import multi_worker_util
-    from tensorflow.python.eager import context
+    from kdist.keras_seam import tf_internals
 
-    config_pb2 = _coordination_config_module()
-    runtime = context.context()
-    if runtime.coordination_service is not None or cluster.task_type not in ("chief", "worker"):
+    if cluster.task_type not in ("chief", "worker"):
         return
-    cluster_spec = cluster.resolver().cluster_spec()
-    jobs = [config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
-            for job in ("chief", "worker") if job in cluster_spec.jobs]
-    runtime.configure_coordination_service(
-        service_type="standalone",
-        service_leader=multi_worker_util.coordination_leader(cluster_spec),
-        coordinated_jobs=jobs,
-        heartbeat_timeout_in_ms=int(heartbeat_timeout(dead_peer_timeout) * 1000))
-
-
-# Where TensorFlow keeps the coordination service's config proto: under tensorflow/compiler/xla/tsl
-# in TF 2.19-2.21, under tensorflow/tsl in TF 2.17 (both checked by the version matrix).
-_COORDINATION_CONFIG_MODULES = ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2",
-                                "tensorflow.tsl.protobuf.coordination_config_pb2")
-
-
-def _coordination_config_module():
-    import importlib
-
-    for name in _COORDINATION_CONFIG_MODULES:
-        try:
-            return importlib.import_module(name)
-        except ImportError:
-            continue
-    import tensorflow as tf  # moved again upstream: say so rather than silently not tuning
-
-    raise RuntimeError(f"dead_peer_timeout: kdist cannot find TensorFlow {tf.__version__}'s "
-                       f"coordination service config (looked for {', '.join(_COORDINATION_CONFIG_MODULES)})"
-                       "; report it to kdist with your TF version")
+    tf_internals.configure_coordination_service(cluster.resolver().cluster_spec(),
+                                                heartbeat_timeout(dead_peer_timeout))
 
 
 def is_multi_worker(strategy) -> bool:
     """True for a MultiWorkerMirroredStrategy that spans several processes."""
     import tensorflow as tf
 
+    from kdist.keras_seam import tf_internals
+
     return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and strategy.extended._in_multi_worker_mode())
+            and tf_internals.in_multi_worker_mode(strategy))
 
 
 def heartbeat_timeout(dead_peer_timeout: float) -> float:

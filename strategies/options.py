@@ -12,7 +12,7 @@ from kdist import validators
 import dataclasses
 from typing import Any, Callable, Sequence
 
-ALL_REDUCE = ("auto", "ring", "nccl")
+ALL_REDUCE = ("auto", "ring", "nccl", "tcp")
 PS_EVALUATION = ("workers", "chief")
 
 
@@ -25,7 +25,10 @@ class StrategyOptions:
             one-device strategy. None: every local GPU, else the logical CPU devices configured.
             MultiWorkerMirrored: the GPUs each worker replicates over, ``["/gpu:0", ...,
             "/gpu:k-1"]``; ``["/gpu:0"]`` leaves the other GPUs to model-parallel layers (hybrid).
-        all_reduce: ``"auto"``, ``"ring"`` or ``"nccl"``: the collective implementation.
+        all_reduce: ``"auto"``, ``"ring"`` or ``"nccl"``: TensorFlow's collective implementation;
+            ``"tcp"`` (MultiWorkerMirrored, one replica per worker): the gradients are summed by
+            kdist's ring all-reduce over TCP (`kdist.exchange.ring`), TensorFlow's collectives
+            (``"auto"``) do the rest.
         bytes_per_pack: pack gradients into chunks of this many bytes before all-reducing (0: TF's
             default of one pack per dtype).
         collective_timeout: seconds after which one collective fails (None: no per-op limit).
@@ -96,7 +99,8 @@ class StrategyOptions:
         """The `tf.distribute.experimental.CommunicationOptions` these options describe."""
         import tensorflow as tf
 
-        implementation = tf.distribute.experimental.CommunicationImplementation[self.all_reduce.upper()]
+        name = "auto" if self.all_reduce == "tcp" else self.all_reduce  # TF's: all but gradients
+        implementation = tf.distribute.experimental.CommunicationImplementation[name.upper()]
         return tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.bytes_per_pack, timeout_seconds=self.collective_timeout,
             implementation=implementation)
@@ -109,8 +113,8 @@ def local_devices(requested: Sequence[str] | None) -> list[str]:
     if requested is None:
         gpus = tf.config.list_logical_devices("GPU")
         return [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
-    known = {_canonical(d.name) for d in tf.config.list_logical_devices()}
-    missing = [d for d in requested if _canonical(d) not in known]
+    known = {canonical_name(d.name) for d in tf.config.list_logical_devices()}
+    missing = [d for d in requested if canonical_name(d) not in known]
     if missing:
         raise ValueError(f"devices: {missing[0]!r} does not exist on this machine; the logical devices "
                          f"are {sorted(known)}. Split the CPU with kdist.split_cpu(n) before TF starts, "
@@ -118,7 +122,7 @@ def local_devices(requested: Sequence[str] | None) -> list[str]:
     return list(requested)
 
 
-def _canonical(name: str) -> str:
+def canonical_name(name: str) -> str:
     """'/cpu:0' and '/job:localhost/replica:0/task:0/device:CPU:0' -> 'CPU:0'."""
     tail = name.split("/")[-1]
     kind, _, index = tail.replace("device:", "").rpartition(":")

@@ -5,7 +5,7 @@ import functools
 import pytest
 
 from conftest import run_report
-from kdist.keras_compat.registry import version
+from kdist.keras_seam.versions import version
 
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 

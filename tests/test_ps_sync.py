@@ -87,6 +87,6 @@ def test_bad_modes_are_refused(text):
 def test_ps_sync_outside_parameter_servers_is_refused():
     import kdist
 
-    with pytest.raises(ValueError, match="ps_sync='ksync:2' is for ParameterServerStrategy"):
+    with pytest.raises(ValueError, match="ps_sync: 'ksync:2' is for ParameterServerStrategy"):
         with kdist.scope(ps_sync="ksync:2"):
             pass

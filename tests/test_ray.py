@@ -60,7 +60,7 @@ def test_tensorflow_trainer_reports_each_epoch_once_and_completes_after_a_kill(r
     result = report["jobs"][job]
     assert result["error"] is None and result["metrics"]["epoch"] == 2
     assert [c["metrics"]["epoch"] for c in result["checkpoints"]] == [0, 1, 2]
-    assert all(c["files"] == ["kdist.json", "model.weights.h5"] for c in result["checkpoints"])
+    assert all(c["files"] == ["manifest.json", "model.weights.h5"] for c in result["checkpoints"])
     starts = starts_of(out / job)
     assert sorted((s["rank"], s["attempt"]) for s in starts) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     weights = [np.load(out / job / f"weights-{rank}.npy") for rank in (0, 1)]
@@ -109,3 +109,30 @@ def test_report_checkpoint_rejects_a_bad_frequency():
 
     with pytest.raises(ValueError, match="checkpoint_every=-1"):
         ReportCheckpoint(checkpoint_every=-1)
+
+
+def test_a_damaged_ray_checkpoint_is_refused_naming_it(ray_jobs, tmp_path):
+    """A Ray checkpoint is a `kdist.backup` unit: `ReportCheckpoint` verifies it before restoring
+    (`backup.verify`, the call its on_train_begin makes), so a damaged one stops the run with its
+    path instead of resuming from other state."""
+    import shutil
+
+    import keras
+
+    from kdist import backup
+
+    out, report = ray_jobs
+    saved = report["jobs"]["ray_only"]["checkpoints"][-1]["path"]
+    copy = tmp_path / "checkpoint"
+    shutil.copytree(saved, copy)
+    model = keras.Sequential([keras.Input((8, 8)), keras.layers.Flatten(),  # ray_job.py's
+                              keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
+    model.compile(keras.optimizers.Adam(2e-3), "mse")
+    assert backup.verify(str(copy), backup.architecture(model)).manifest["epoch"] == 3
+    weights = copy / backup.WEIGHTS
+    data = bytearray(weights.read_bytes())
+    data[len(data) * 3 // 5: len(data) * 3 // 5 + 512] = bytes(512)  # 512 zero bytes at 60%
+    weights.write_bytes(bytes(data))
+    with pytest.raises(backup.BackupError, match=rf"backup {copy}: model.weights.h5 differs from "
+                                                 r"what was saved \(SHA-256 mismatch\)"):
+        backup.verify(str(copy), backup.architecture(model))

@@ -10,7 +10,6 @@ import pytest
 
 import kdist
 from kdist import strategies
-from kdist import keras_compat
 from kdist.strategies import StrategyOptions
 
 W2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
@@ -83,7 +82,7 @@ def test_environment_overrides_auto(monkeypatch):
     with pytest.raises(ValueError, match="conflicts with KDIST_STRATEGY='mirrored'"):
         kdist.strategy("default")
     monkeypatch.setenv("KDIST_STRATEGY", "horovod")
-    with pytest.raises(ValueError, match="KDIST_STRATEGY='horovod': use 'auto' or one of"):
+    with pytest.raises(ValueError, match="KDIST_STRATEGY: 'horovod' is not a strategy. Fix: use 'auto' or one of"):
         kdist.strategy()
 
 
@@ -104,8 +103,12 @@ def test_bad_options_are_rejected(options, words):
 
 
 @pytest.mark.parametrize("arguments,error,words", [
-    ({"compression": "powersgd"}, TypeError, "use a kdist.compression.Compressor"),
+    ({"compression": "gzip"}, ValueError, "compression: 'gzip' is not a compressor. Fix: use none, "
+                                          "fp16"),
+    ({"compression": 3}, ValueError, "compression: 3 is neither a name nor a compressor"),
+    ({"compression": "powersgd:x"}, ValueError, "compression: 'powersgd:x'"),
     ({"aggregate_every": 0}, ValueError, "aggregate_every: 0"),
+    ({"bucket_bytes": -1}, ValueError, "bucket_bytes: -1"),
 ])
 def test_bad_compression_arguments(arguments, error, words):
     with pytest.raises(error, match=words):
@@ -208,89 +211,6 @@ def test_linear_warmup_ramps_then_hands_over():
     assert float(kdist.LinearWarmup(1.0, warmup_steps=10, initial=0.5)(20)) == pytest.approx(1.0)
     with pytest.raises(ValueError, match="warmup_steps: 0"):
         kdist.LinearWarmup(0.1, warmup_steps=0)
-
-
-def test_loaded_models_are_still_compiled_with_the_patches_installed(tmp_path):
-    """Regression: patching compile on a subclass made Keras treat it as custom and skip
-    compiling models in load_model."""
-    keras_compat.install()
-    with kdist.scope(compression=kdist.compression.FP16()):
-        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
-        model.compile("adam", "mse")
-    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
-    model.save(tmp_path / "m.keras")
-    loaded = keras.saving.load_model(tmp_path / "m.keras")
-    assert loaded.compiled and loaded.optimizer.__class__.__name__ == "Adam"
-
-
-def test_workarounds_are_gated_on_the_versions_they_target():
-    tf_version = __import__("tensorflow").__version__
-    for workaround in keras_compat.WORKAROUNDS:
-        assert workaround.upstream and workaround.keras_versions and workaround.tf_versions
-        # on the running stack: installed, or known not needed (fixed upstream / not yet broken)
-        assert workaround.applies(keras.__version__, tf_version) != \
-            workaround.not_needed(keras.__version__)
-        assert not workaround.applies("3.16.0", "2.21.0")
-        assert not workaround.applies("3.15.1", "2.22.0")
-        assert not workaround.applies("2.15.0", "2.21.0")
-    fixed = {w.name: w for w in keras_compat.WORKAROUNDS}
-    assert fixed["loss_scaled_per_replica"].applies("3.7.0", "2.17.1")
-    assert fixed["loss_scaled_per_replica"].not_needed("3.8.0")  # keras-team/keras#20609
-    assert fixed["metric_variables_synced_on_read"].applies("3.9.2", "2.19.1")
-    assert fixed["metric_variables_synced_on_read"].not_needed("3.10.0")  # keras-team/keras#21072
-    assert fixed["steps_per_execution_under_mirrored"].not_needed("3.6.0")  # no while_loop yet
-
-
-def test_uninstall_restores_keras_exactly():
-    from keras.src.backend.tensorflow import optimizer, trainer
-    from keras.src.callbacks import model_checkpoint
-
-    from kdist.scope import install_patches, uninstall_patches
-
-    methods = [(trainer, "reduce_per_replica"), (trainer.TensorFlowTrainer, "fit"),
-               (trainer.TensorFlowTrainer, "_make_function"),
-               (optimizer.TFOptimizer, "_all_reduce_sum_gradients"),
-               (model_checkpoint.ModelCheckpoint, "_save_model")]
-    install_patches()
-    patched = [getattr(owner, name) for owner, name in methods]
-    assert all("kdist" in f.__code__.co_filename for f in patched)
-    uninstall_patches()
-    for (owner, name), before in zip(methods, patched):
-        assert getattr(owner, name) is not before
-        assert "kdist" not in getattr(owner, name).__code__.co_filename, name
-    install_patches()
-    assert all("kdist" in getattr(owner, name).__code__.co_filename for owner, name in methods)
-
-
-def assign_add_op_types():
-    import tensorflow as tf
-    from keras.src import backend
-
-    variable = backend.Variable(0.0, name="counter")
-
-    @tf.function
-    def increment():
-        variable.assign_add(1.0)
-
-    return {op.type for op in increment.get_concrete_function().graph.get_operations()}
-
-
-def test_upstream_assign_add_is_a_read_modify_write_and_kdist_makes_it_atomic(monkeypatch):
-    """Regression evidence for atomic_assign_under_parameter_server: Keras 3's assign_add reads,
-    adds and assigns (concurrent PS workers lose updates); kdist's patch emits the variable's own
-    AssignAddVariableOp, which the ps applies atomically. When upstream emits it, drop the patch."""
-    from kdist.keras_compat import fixes
-
-    patch = {w.name: w for w in keras_compat.WORKAROUNDS}["atomic_assign_under_parameter_server"]
-    patch.uninstall()
-    try:
-        upstream = assign_add_op_types()
-    finally:
-        patch.install()
-    assert {"ReadVariableOp", "AssignVariableOp"} <= upstream
-    assert "AssignAddVariableOp" not in upstream
-    monkeypatch.setattr(fixes, "is_parameter_server", lambda strategy: True)  # as under PSS
-    assert "AssignAddVariableOp" in assign_add_op_types()
 
 
 def test_ring_is_refused_under_mirrored_and_options_reach_tf():

@@ -16,14 +16,14 @@ def test_doctor_names_the_versions_the_verdict_and_every_workaround():
     import keras
     import tensorflow as tf
 
-    from kdist.keras_compat import WORKAROUNDS
+    from kdist.keras_seam.patches import PATCHES
 
     result = run_kdist(["doctor"], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"TensorFlow {tf.__version__}, Keras {keras.__version__}" in result.stdout
     assert "verdict: supported" in result.stdout
-    for workaround in WORKAROUNDS:
-        assert re.search(rf"^  {workaround.name} +(installs|not needed|skipped)", result.stdout, re.M)
+    for patch in PATCHES:
+        assert re.search(rf"^  {patch.name} +(installs|not needed|skipped)", result.stdout, re.M)
 
 
 @pytest.mark.parametrize("package,old", [("keras", "3.4.1"), ("tensorflow", "2.16.2")])
@@ -33,7 +33,7 @@ def test_scope_refuses_a_release_older_than_the_range_with_the_oldest_that_works
                "import kdist\n"
                "try:\n"
                "    with kdist.scope(): pass\n"
-               "except kdist.keras_compat.registry.UnsupportedVersion as err:\n"
+               "except kdist.keras_seam.versions.UnsupportedVersion as err:\n"
                "    print('refused:', err)\n")
     result = run_python(["-c", program], timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -44,27 +44,34 @@ def test_scope_refuses_a_release_older_than_the_range_with_the_oldest_that_works
 
 
 def test_setup_cfg_declares_the_registry_range():
-    from kdist.keras_compat import registry
+    from kdist.keras_seam import versions as registry
 
     config = configparser.ConfigParser()
     config.read(os.path.join(ROOT, "setup.cfg"))
-    requires = config["options"]["install_requires"]
-    assert f"tensorflow>={registry.TF_RANGE[0].rsplit('.', 1)[0]}," in requires
-    assert f"keras>={registry.KERAS_RANGE[0].rsplit('.', 1)[0]}," in requires
+    tf_range = f">={registry._minor(registry.TF_RANGE[0])},<{registry._next_minor(registry.TF_RANGE[1])}"
+    keras_range = f">={registry._minor(registry.KERAS_RANGE[0])}," \
+        f"<{registry._next_minor(registry.KERAS_RANGE[1])}"
+    assert config["kdist"]["tested_tensorflow"] == tf_range
+    assert config["kdist"]["tested_keras"] == keras_range
+    assert f"tensorflow{tf_range}" in config["options"]["install_requires"].split()
+    # TF brings Keras (keras or keras-nightly): requiring one by name would install both
+    assert not [line for line in config["options"]["install_requires"].split()
+                if line.startswith("keras")]
 
 
 def test_every_stack_in_the_matrix_is_inside_the_range():
-    from kdist.keras_compat import registry
+    from kdist.keras_seam import versions as registry
 
     for line in open(os.path.join(ROOT, ".ci", "stacks")):
         if line.strip() and not line.startswith("#"):
             pins = dict(pin.split("==") for pin in line.split()[1:3])
+            keras_pin = pins.get("keras") or pins["keras-nightly"]
             assert registry.in_range(pins["tensorflow"], registry.TF_RANGE), line
-            assert registry.in_range(pins["keras"], registry.KERAS_RANGE), line
+            assert registry.in_range(keras_pin, registry.KERAS_RANGE), line
 
 
 def test_a_version_table_without_the_running_keras_is_a_clear_error():
-    from kdist.keras_compat.internals import for_running_keras
+    from kdist.keras_seam.versions import for_running_keras
 
     with pytest.raises(RuntimeError, match=r"no adapter for Keras .* \(written for 3\.0\.0\.\.3\.4\.99\)"):
         for_running_keras({("3.0.0", "3.4.99"): "old"})

@@ -26,7 +26,20 @@ Traceback (most recent call last):
 kdist.validators.UsageError: balance: [3, 1] gives 2 shares for 1 replica. Fix: give one share per replica (replica_id_in_sync_group order), or balance="measure"
 """
 
-from kdist.balance.plan import Balance, shares_of
+from kdist.balance.plan import Balance
 from kdist.balance.split import split_sizes
+
+
+def shares_of(model) -> tuple[float, ...] | None:
+    """The shares a model trains with (one per replica), or None: equal split, or not measured yet.
+
+    >>> import keras
+    >>> shares_of(keras.Sequential()) is None
+    True
+    """
+    from kdist.training import state
+
+    return state.of(model).shares
+
 
 __all__ = ["Balance", "shares_of", "split_sizes"]

@@ -11,9 +11,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 
-from kdist.balance import plan as plans
 from kdist.balance import split
 from kdist.balance.measure import measure_shares
+from kdist.keras_seam import keras_internals
+from kdist.training import state as states
 
 _pending = contextvars.ContextVar("kdist_balance_fit", default=None)
 
@@ -21,7 +22,8 @@ _pending = contextvars.ContextVar("kdist_balance_fit", default=None)
 @contextlib.contextmanager
 def fitting(model):
     """Around `model.fit`: the first iterator Keras builds the model from is the training one."""
-    token = _pending.set([model] if plans.of(model) is not None else [])
+    options = states.of(model).options
+    token = _pending.set([model] if options is not None and options.balance is not None else [])
     try:
         yield
     finally:
@@ -31,15 +33,14 @@ def fitting(model):
 def after_symbolic_build(model, epoch_iterator) -> None:
     """Splits `epoch_iterator`'s batches in proportion to the model's shares (measured first if
     needed), if it is the training iterator of a balanced `fit`."""
-    from kdist.keras_compat import internals
-
     pending = _pending.get()
     if not pending or pending[0] is not model:
         return
     pending.clear()
-    plan = plans.of(model)
-    if plan.shares is None:
-        plan.shares = measure_shares(model, internals.distributed_dataset(epoch_iterator),
-                                     plan.measure_steps, plan.warmup_steps)
-    internals.replace_distributed_dataset(epoch_iterator, lambda dataset: split.distribute(
-        dataset, model.distribute_strategy, plan.shares))
+    state = states.of(model)
+    plan = state.options.balance
+    if state.shares is None:
+        state.shares = measure_shares(model, keras_internals.distributed_dataset(epoch_iterator),
+                                      plan.measure_steps, plan.warmup_steps)
+    keras_internals.replace_distributed_dataset(epoch_iterator, lambda dataset: split.distribute(
+        dataset, model.distribute_strategy, state.shares))

@@ -54,7 +54,7 @@ def _timed_step(model, data):
     import keras
     import tensorflow as tf
 
-    from kdist.balance import weights
+    from kdist.exchange import weights
 
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync

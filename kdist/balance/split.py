@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 
-from kdist.balance.weights import batch_size_of
+from kdist.exchange.weights import batch_size_of
 
 
 def split_sizes(batch_size, shares):

@@ -15,7 +15,7 @@ gradients locally and all-reduces their mean every k steps.
 
 from kdist.compression.base import Comm, Compressor, NoCompression
 from kdist.compression.casting import BF16, FP16
-from kdist.compression.keras_hook import stats
+from kdist.exchange.stats import stats
 from kdist.compression.names import from_name
 from kdist.compression.powersgd import PowerSGD
 from kdist.compression.topk import TopK

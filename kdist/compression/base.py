@@ -15,61 +15,23 @@ PyTorch's comm hooks), or override `aggregate` for several rounds (see `PowerSGD
 ...     def decompress(self, payload, meta, grad, state, replicas):
 ...         return tf.cast(payload[0], grad.dtype)
 ...     def payload_bytes(self, shape):
-...         return 2 * _numel(shape)
+...         return 2 * numel(shape)
 >>> Halve().should_compress((1024, 1024))
 True
 """
 
 from __future__ import annotations
 
-from kdist import validators
-
-import functools
 import math
 from typing import Any, Sequence
 
+from kdist import validators
+from kdist.exchange.comm import Comm
 
-def _numel(shape) -> int:
+
+def numel(shape) -> int:
+    """Elements of a tensor of `shape`."""
     return int(math.prod(int(d) for d in shape))
-
-
-class Comm:
-    """The collectives of the current replica context, batched over lists of tensors, and the
-    optimizer step they serve (`step`, a tensor)."""
-
-    def __init__(self, replica_context, step):
-        self._context = replica_context
-        self.replicas = replica_context.num_replicas_in_sync
-        self.step = step
-
-    def all_reduce_sum(self, tensors: list) -> list:
-        """Sums `tensors` over the replicas; a model-parallel shard's tensor (off the replica's
-        device) in its own device's group (`kdist.layers.placement`)."""
-        import tensorflow as tf
-
-        from kdist.layers import placement
-
-        tensors = list(tensors)
-        strategy = self._context.strategy
-        groups = placement.own_group_devices(tensors, strategy)
-        routed = {k for positions in groups.values() for k in positions}
-        rest = [k for k in range(len(tensors)) if k not in routed]
-        batches = [(rest, functools.partial(self._context.all_reduce, tf.distribute.ReduceOp.SUM))]
-        batches += [(positions, functools.partial(placement.all_reduce_sum, device=device,
-                                                  strategy=strategy))
-                    for device, positions in groups.items()]
-        summed = [None] * len(tensors)
-        for positions, reduce in batches:
-            if positions:
-                for k, value in zip(positions, reduce([tensors[k] for k in positions])):
-                    summed[k] = value
-        return summed
-
-    def all_gather(self, tensors: list) -> list:
-        """Concatenates every replica's tensor along axis 0, in replica order."""
-        if not tensors:
-            return []
-        return self._context.all_gather(list(tensors), axis=0)
 
 
 class Compressor:
@@ -101,11 +63,15 @@ class Compressor:
         """The first optimizer step from which `stage_at` no longer changes."""
         return self.start_step
 
+    def enter_stage(self, stage) -> None:
+        """Makes `stage` (a value of `stage_at`) what the next trace compresses for."""
+        self.stage = stage
+
     # -------------------------------------------------------------- per tensor, pure functions
     def should_compress(self, shape: Sequence[int]) -> bool:
         if len(shape) < 2:
             return False
-        return 4 * _numel(shape) >= self.min_compression_rate * self.payload_bytes(shape)
+        return 4 * numel(shape) >= self.min_compression_rate * self.payload_bytes(shape)
 
     def state_spec(self, shape: Sequence[int]) -> dict[str, tuple[tuple[int, ...], Any]]:
         """Per-variable state: name -> (shape, initializer). Kept per replica, checkpointed."""
@@ -145,6 +111,17 @@ class Compressor:
         return [self.decompress(reduced[k], meta, grad, state, comm.replicas)
                 for k, ((_, meta), grad, state) in enumerate(zip(compressed, grads, states))]
 
+    def settings(self) -> tuple:
+        """The class and settings that make two compressors equal."""
+        return type(self), tuple(sorted((k, v) for k, v in vars(self).items() if k != "stage"))
+
+    def __eq__(self, other):
+        """Compressors with the same class and settings are equal (the stage is not a setting)."""
+        return isinstance(other, Compressor) and self.settings() == other.settings()
+
+    def __hash__(self):
+        return hash(self.settings())
+
     def __repr__(self):
         fields = ", ".join(f"{k}={v!r}" for k, v in vars(self).items() if not k.startswith("_"))
         return f"{type(self).__name__}({fields})"
@@ -157,4 +134,4 @@ class NoCompression(Compressor):
         return False
 
     def payload_bytes(self, shape) -> int:
-        return 4 * _numel(shape)
+        return 4 * numel(shape)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from kdist.compression.base import Compressor, _numel
+from kdist.compression.base import Compressor, numel
 
 
 class _Cast(Compressor):
@@ -15,7 +15,7 @@ class _Cast(Compressor):
         return True
 
     def payload_bytes(self, shape) -> int:
-        return 2 * _numel(shape)
+        return 2 * numel(shape)
 
     def compress(self, grad, state, replicas):
         import tensorflow as tf

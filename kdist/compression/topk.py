@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 from kdist import validators
-from kdist.compression.base import Compressor, _numel
+from kdist.compression.base import Compressor, numel
 
 
 class TopK(Compressor):
@@ -67,7 +67,7 @@ class TopK(Compressor):
 
     def _k(self, shape) -> int:
         ratio = self.stage if self.stage is not None else self.ratio
-        return max(1, math.ceil(ratio * _numel(shape)))
+        return max(1, math.ceil(ratio * numel(shape)))
 
     def payload_bytes(self, shape) -> int:
         value_bytes = 2 if self.values == "float16" else 4
@@ -84,9 +84,9 @@ class TopK(Compressor):
         ['all_gather', 'all_reduce']
         """
         payload = self.payload_bytes(shape)
-        if replicas * payload < 2 * 4 * _numel(shape):
+        if replicas * payload < 2 * 4 * numel(shape):
             return "all_gather", payload
-        return "all_reduce", 4 * _numel(shape)
+        return "all_reduce", 4 * numel(shape)
 
     def state_spec(self, shape):
         spec = {"residual": (tuple(shape), "zeros")} if self.error_feedback else {}
@@ -132,4 +132,4 @@ def _scatter(values, indices, grad):
     """The flat dense gradient holding `values` at `indices` (duplicates added)."""
     import tensorflow as tf
 
-    return tf.scatter_nd(indices[:, None], tf.cast(values, grad.dtype), [_numel(grad.shape)])
+    return tf.scatter_nd(indices[:, None], tf.cast(values, grad.dtype), [numel(grad.shape)])

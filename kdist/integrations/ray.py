@@ -6,11 +6,13 @@ world rank), so ``kdist.scope()`` picks MultiWorkerMirrored there as under any l
 user expects of a Keras job:
 
 - every epoch's metrics go to ``ray.train.report`` (all workers call it, as Ray requires), with a
-  checkpoint from the chief (rank 0) only: the model's weights, optimizer and compression state
-  (``model.weights.h5``) and the next epoch (``kdist.json``). Every worker saves (the compression
-  state is all-reduced as it is saved); the others' copies are deleted;
+  checkpoint from the chief (rank 0) only: a `kdist.backup` unit (the model's weights, optimizer
+  and compression state in ``model.weights.h5``, and a manifest with their SHA-256, the
+  architecture and the next epoch). Every worker saves (the compression state is all-reduced as
+  it is saved); the others' copies are deleted;
 - at the start of `fit`, a restarted run (``FailureConfig(max_failures=...)``) resumes from
-  ``ray.train.get_checkpoint()``: weights, optimizer and epoch.
+  ``ray.train.get_checkpoint()``, verified first (a damaged checkpoint or one of another model
+  raises `kdist.backup.BackupError`): weights, optimizer and epoch.
 
 For step-level resume add kdist's `BackupAndRestore` with a ``backup_dir`` every worker can read,
 *after* `ReportCheckpoint` in the callbacks: it restores later in `on_train_begin`, so its backup,
@@ -34,14 +36,12 @@ saved every ``save_freq`` steps, overrides the epoch checkpoint when there is on
 
 from __future__ import annotations
 
-import json
-import os
 import tempfile
 
 import keras
 
-WEIGHTS = "model.weights.h5"  # weights and optimizer variables, as Keras's save_weights writes
-STATE = "kdist.json"  # {"epoch": the next epoch to train}
+from kdist import backup
+from kdist.keras_seam import keras_internals
 
 
 class ReportCheckpoint(keras.callbacks.Callback):
@@ -65,11 +65,10 @@ class ReportCheckpoint(keras.callbacks.Callback):
         if checkpoint is None:
             return
         with checkpoint.as_directory() as folder:
-            self.model.load_weights(os.path.join(folder, WEIGHTS))
-            with open(os.path.join(folder, STATE)) as f:
-                epoch = json.load(f)["epoch"]
-        # The attribute Keras's own BackupAndRestore sets: fit starts its epoch loop there.
-        self.model._initial_epoch = epoch
+            unit = backup.verify(folder, backup.architecture(self.model))  # or BackupError
+            unit.restore(self.model)
+            epoch = unit.manifest["epoch"]
+        keras_internals.set_initial_epoch(self.model, epoch)  # fit starts its epoch loop there
         self.resumed_from = (checkpoint.path, epoch)
         print(f"kdist: resumed from Ray checkpoint {checkpoint.path} at epoch {epoch}", flush=True)
 
@@ -82,9 +81,7 @@ class ReportCheckpoint(keras.callbacks.Callback):
         # Every worker saves: saving compression state all-reduces it, so a save on rank 0 alone
         # would wait forever for the others. Only rank 0's copy becomes the checkpoint.
         with tempfile.TemporaryDirectory() as folder:  # Ray copies it to storage in report()
-            self.model.save_weights(os.path.join(folder, WEIGHTS))
-            with open(os.path.join(folder, STATE), "w") as f:
-                json.dump({"epoch": epoch + 1}, f)
+            backup.write_unit(folder, self.model, {"epoch": epoch + 1, "step": 0})
             chief = self._train.get_context().get_world_rank() == 0
             self._train.report(metrics, checkpoint=self._train.Checkpoint.from_directory(folder)
                                if chief else None)

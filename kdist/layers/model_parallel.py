@@ -26,8 +26,7 @@ import keras
 from keras import ops
 
 from kdist.layers import mappings
-from kdist.layers.sharding import (add_shards, dense_options_config, pieces_like,
-                                    set_dense_options, split_sizes)
+from kdist.layers.sharding import DenseOptions, add_shards, pieces_like, split_sizes
 
 PARTITIONS = ("column", "row")
 
@@ -46,7 +45,7 @@ def default_devices() -> list[str]:
 
 
 @keras.saving.register_keras_serializable(package="kdist")
-class ModelParallelDense(keras.layers.Layer):
+class ModelParallelDense(DenseOptions, keras.layers.Layer):
     """Dense layer split over `devices` by output units (column) or input features (row).
 
     Args:
@@ -79,7 +78,7 @@ class ModelParallelDense(keras.layers.Layer):
         self.devices = list(local_devices(devices)) if devices else default_devices()
         self.units, self.partition = units, partition
         self.gather_output, self.input_is_split = gather_output, input_is_split
-        set_dense_options(self, activation, use_bias, kernel_initializer, bias_initializer,
+        self.set_dense_options(activation, use_bias, kernel_initializer, bias_initializer,
                           kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint)
         if partition == "column":
             split_sizes(units, len(self.devices), "devices")  # at least one unit per device
@@ -192,4 +191,4 @@ class ModelParallelDense(keras.layers.Layer):
         return {**super().get_config(), "units": self.units, "devices": self.devices,
                 "partition": self.partition, "gather_output": self.gather_output,
                 "input_is_split": self.input_is_split,
-                **dense_options_config(self)}
+                **self.dense_options_config()}

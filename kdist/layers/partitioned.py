@@ -20,7 +20,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
-from kdist.layers.sharding import add_shards, dense_options_config, set_dense_options, split_sizes
+from kdist.layers.sharding import DenseOptions, add_shards, split_sizes
 
 
 def _default_shards() -> int:
@@ -35,7 +35,7 @@ def _default_shards() -> int:
 
 
 @keras.saving.register_keras_serializable(package="kdist")
-class PartitionedDense(keras.layers.Layer):
+class PartitionedDense(DenseOptions, keras.layers.Layer):
     """`keras.layers.Dense` with its kernel split by output units into `num_shards` variables.
 
     Args:
@@ -53,7 +53,7 @@ class PartitionedDense(keras.layers.Layer):
         self.units = units
         self.num_shards = num_shards or _default_shards()
         split_sizes(units, self.num_shards)  # validates early
-        set_dense_options(self, activation, use_bias, kernel_initializer, bias_initializer,
+        self.set_dense_options(activation, use_bias, kernel_initializer, bias_initializer,
                           kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint)
 
     def build(self, input_shape):
@@ -82,7 +82,7 @@ class PartitionedDense(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "units": self.units, "num_shards": self.num_shards,
-                **dense_options_config(self)}
+                **self.dense_options_config()}
 
 
 @keras.saving.register_keras_serializable(package="kdist")

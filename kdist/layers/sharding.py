@@ -11,6 +11,7 @@ from __future__ import annotations
 import keras
 from keras import ops
 
+from kdist.keras_seam import patches
 from kdist.layers import placement
 
 
@@ -24,26 +25,28 @@ def split_sizes(total: int, parts: int, what: str = "num_shards") -> list[int]:
 
 _DENSE_OPTIONS = ("kernel_initializer", "bias_initializer", "kernel_regularizer",
                   "bias_regularizer", "kernel_constraint", "bias_constraint")
+_GETTERS = ("initializers", "initializers", "regularizers", "regularizers", "constraints",
+            "constraints")
 
 
-def set_dense_options(layer, activation, use_bias, kernel_initializer, bias_initializer,
-                      kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint):
-    """Sets the options a Dense-like layer shares with `keras.layers.Dense`."""
-    layer.activation = keras.activations.get(activation)
-    layer.use_bias = use_bias
-    getters = (keras.initializers.get, keras.initializers.get, keras.regularizers.get,
-               keras.regularizers.get, keras.constraints.get, keras.constraints.get)
-    values = (kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
-              kernel_constraint, bias_constraint)
-    for name, get, value in zip(_DENSE_OPTIONS, getters, values):
-        setattr(layer, name, get(value))
+class DenseOptions:
+    """A mixin for Dense-like layers: the options they share with `keras.layers.Dense`."""
 
+    def set_dense_options(self, activation, use_bias, kernel_initializer, bias_initializer,
+                          kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint):
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        values = (kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer,
+                  kernel_constraint, bias_constraint)
+        for name, module, value in zip(_DENSE_OPTIONS, _GETTERS, values):
+            setattr(self, name, getattr(keras, module).get(value))
 
-def dense_options_config(layer) -> dict:
-    """The `get_config()` entries of `set_dense_options`."""
-    return {"activation": keras.activations.serialize(layer.activation), "use_bias": layer.use_bias,
-            **{name: keras.saving.serialize_keras_object(getattr(layer, name))
-               for name in _DENSE_OPTIONS}}
+    def dense_options_config(self) -> dict:
+        """The `get_config()` entries of `set_dense_options`."""
+        return {"activation": keras.activations.serialize(self.activation),
+                "use_bias": self.use_bias,
+                **{name: keras.saving.serialize_keras_object(getattr(self, name))
+                   for name in _DENSE_OPTIONS}}
 
 
 def add_shards(layer, name, full_shape, axis, initializer, regularizer, constraint, num_shards,
@@ -55,7 +58,7 @@ def add_shards(layer, name, full_shape, axis, initializer, regularizer, constrai
     import tensorflow as tf
 
     if devices:
-        placement.install()  # the optimizer's slots of these shards: on the shards' devices
+        patches.install()  # its slots_next_to_variables hook: slots on the shards' devices
     initializer = keras.initializers.get(initializer)
     with tf.init_scope():  # eager even when the layer is built while a model is being traced
         full = initializer(full_shape, dtype=layer.variable_dtype)

@@ -10,6 +10,6 @@ True
 
 from kdist.ps.serve import serve
 from kdist.ps.sync import stats as sync_stats
-from kdist.ps.training import ParameterServerFailure
+from kdist.ps.coordinator import ParameterServerFailure
 
 __all__ = ["ParameterServerFailure", "serve", "sync_stats"]

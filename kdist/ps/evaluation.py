@@ -21,6 +21,8 @@ scheduled, `on_test_batch_end(i)` (no logs) once every shard is done.
 
 from __future__ import annotations
 
+from kdist.ps.coordinator import cached_function, join_scheduled
+
 SHARDS_PER_WORKER = 1  # each shard's pipeline produces every batch: more shards, more input work
 
 
@@ -37,8 +39,6 @@ def run(model, dataset, callbacks, coordinator, num_workers: int) -> None:
         callbacks.on_test_batch_begin(index)
         increments.append(coordinator.schedule(evaluate_shard, args=(
             per_worker, tf.constant(index, tf.int64), tf.constant(shards, tf.int64))))
-    from kdist.ps.training import join_scheduled
-
     join_scheduled(model.distribute_strategy)
     for index in range(shards):
         callbacks.on_test_batch_end(index, None)
@@ -49,13 +49,13 @@ def run(model, dataset, callbacks, coordinator, num_workers: int) -> None:
 
 def _shard_function(model, variables):
     """tf.function(dataset, index, shards) -> increments of `variables` over that shard."""
+    import keras
     import tensorflow as tf
-    from keras.src.backend.common.stateless_scope import StatelessScope
 
     strategy = model.distribute_strategy
 
     def step(state, batch):
-        with StatelessScope(state_mapping=list(zip(variables, state))) as scope:
+        with keras.StatelessScope(state_mapping=list(zip(variables, state))) as scope:
             strategy.run(model.test_step, args=(batch,))
         updated = (scope.get_current_value(variable) for variable in variables)
         return tuple(state if new is None else new for state, new in zip(state, updated))
@@ -68,9 +68,7 @@ def _shard_function(model, variables):
             state = step(state, batch)
         return tuple(end - begin for end, begin in zip(state, start))
 
-    from kdist.ps.training import _cached_function
-
-    return _cached_function(model, "evaluate_shard", lambda: evaluate_shard)
+    return cached_function(model, "evaluate_shard", lambda: evaluate_shard)
 
 
 def _summable_metric_variables(model) -> list:

@@ -15,12 +15,14 @@ the same script.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import socket
 import sys
 import time
 
 from kdist.cluster import ClusterSpec, cluster
+from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
 
@@ -84,12 +86,18 @@ def _reachable(address: str, timeout: float = 1.0) -> bool:
 
 
 def _seconds(value: float | None, env: str, default: float) -> float:
+    """`value`, else the environment variable `env` (seconds > 0), else `default`."""
     if value is None:
         text = os.environ.get(env)
+        if text is None:
+            return default
         try:
-            value = default if text is None else float(text)
+            value = float(text)
         except ValueError:
-            raise ValueError(f"{env}={text!r}: use a number of seconds") from None
-    if value <= 0:
-        raise ValueError(f"{env or 'timeout'}={value!r}: use a positive number of seconds")
+            value = math.nan
+        field = f"{env}={text!r}"
+    else:
+        field = f"{env}={value!r}"
+    if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
+        raise UsageError(field, "is not a duration", "use a positive number of seconds")
     return float(value)

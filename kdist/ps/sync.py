@@ -29,8 +29,10 @@ of a checkpoint: a resumed job starts that update again.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import dataclasses
+import weakref
+
+from kdist import validators
 
 KINDS = ("async", "ksync", "kbatch", "stale")
 HISTOGRAM_BUCKETS = 8  # staleness 0..6, and 7 or more
@@ -53,7 +55,7 @@ class SyncMode:
             raise ValueError(f"ps_sync={text!r}: {usage}")
         if kind == "async":
             return cls(kind)
-        if not number.isdigit() or (kind != "stale" and int(number) < 1):
+        if not validators.is_digits(number) or (kind != "stale" and int(number) < 1):
             raise ValueError(f"ps_sync={text!r}: {kind} needs a whole number "
                              f"{'>= 0' if kind == 'stale' else '>= 1'} after the colon; {usage}")
         return cls(kind, int(number))
@@ -78,26 +80,47 @@ class SyncMode:
         return self.kind if self.kind == "async" else f"{self.kind}:{self.number}"
 
 
-_active = contextvars.ContextVar("kdist_ps_sync", default=SyncMode("async"))
+def mode_of(model) -> SyncMode:
+    """The synchronisation a model was compiled with (`kdist.scope(ps_sync=...)`)."""
+    from kdist.training import state
+
+    options = state.of(model).options
+    return options.ps_sync if options is not None else SyncMode("async")
+
+
+# The optimizers whose `apply_gradients` hands its gradients over instead of applying them (a
+# worker's step), and those applying an update's mean on the ps (no exchange among replicas):
+# kdist's hooks at the seam read them (`kdist.training.keras_hooks`).
+_capturing: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+_applying: "weakref.WeakSet" = weakref.WeakSet()
 
 
 @contextlib.contextmanager
-def activated(text):
-    """Makes `ps_sync=text` what `compile()` binds inside this block."""
-    token = _active.set(SyncMode.parse(text))
+def capturing(optimizer, into: list):
+    """`optimizer.apply_gradients(pairs)` in this block adds `pairs` to `into` instead."""
+    _capturing[optimizer] = into
+    try:
+        yield into
+    finally:
+        del _capturing[optimizer]
+
+
+def capturing_into(optimizer) -> list | None:
+    return _capturing.get(optimizer)
+
+
+@contextlib.contextmanager
+def applying_update(optimizer):
+    """`optimizer` applies an update's mean gradient in this block: one replica, no exchange."""
+    _applying.add(optimizer)
     try:
         yield
     finally:
-        _active.reset(token)
+        _applying.discard(optimizer)
 
 
-def bind_active(model) -> None:
-    """Called after `compile()`: the active mode becomes the model's (``model._kdist_ps_sync``)."""
-    model._kdist_ps_sync = _active.get()
-
-
-def mode_of(model) -> SyncMode:
-    return getattr(model, "_kdist_ps_sync", None) or SyncMode("async")
+def applying(optimizer) -> bool:
+    return optimizer in _applying
 
 
 class SyncState:
@@ -108,11 +131,6 @@ class SyncState:
 
         self.mode, self.model = mode, model
         strategy = model.distribute_strategy
-        if strategy.num_replicas_in_sync > 1:
-            raise ValueError(
-                f"ps_sync={str(mode)!r} needs one replica per worker; each worker here has "
-                f"{strategy.num_replicas_in_sync} (several GPUs). Give each worker task one GPU "
-                "(CUDA_VISIBLE_DEVICES) and run more worker tasks, or use ps_sync='async'")
         self.variables = list(model.trainable_variables)
         with strategy.scope():
             self.accumulators = []
@@ -148,14 +166,10 @@ class SyncState:
         control dependency reaches the variable reads of `train_step` only from here."""
         import tensorflow as tf
 
-        optimizer, captured = self.model.optimizer, []
         read_at = self.version.read_value()
-        optimizer.apply_gradients = lambda pairs, **kwargs: captured.extend(pairs)
-        try:
-            with tf.control_dependencies([read_at]):
-                logs = self.model.train_step(data)
-        finally:
-            del optimizer.apply_gradients  # the class's method again
+        with capturing(self.model.optimizer, []) as captured, \
+                tf.control_dependencies([read_at]):
+            logs = self.model.train_step(data)
         by_variable = {id(v): g for g, v in captured}
         return logs, read_at, [tf.zeros(v.shape, v.dtype) if by_variable.get(id(v)) is None
                                else tf.convert_to_tensor(by_variable[id(v)])
@@ -165,11 +179,8 @@ class SyncState:
         """The optimizer's update with the update's mean gradient: one replica per worker, so
         Keras's all-reduce of it over the worker's replicas is left out."""
         optimizer = self.model.optimizer
-        optimizer._all_reduce_sum_gradients = lambda pairs: list(pairs)
-        try:
+        with applying_update(optimizer):
             optimizer.apply_gradients(zip(means, self.variables))
-        finally:
-            del optimizer._all_reduce_sum_gradients
 
     def submit(self, gradients, read_at):
         """Accepts (or drops) one gradient and applies the update when the quorum is in, all in
@@ -237,7 +248,9 @@ def stats(model) -> dict:
     with `ps_sync` other than async: mode, updates, gradients applied and dropped, mean
     staleness, the staleness histogram (buckets 0..6 and 7+) and the gradients each worker
     contributed."""
-    state = getattr(model, "_kdist_sync_state", None)
+    from kdist.training import state as states
+
+    state = states.of(model).sync
     if state is None:
         raise ValueError("no synchronisation figures: the model was not trained by kdist under "
                          "ParameterServerStrategy with kdist.scope(ps_sync=...) other than 'async'")

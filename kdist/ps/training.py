@@ -1,6 +1,6 @@
 """Keras 3 `fit` / `evaluate` / `predict` under ParameterServerStrategy (keras-team/keras#18624).
 
-Written for Keras 3.15 on TensorFlow 2.21. `kdist.fit_dispatch` routes a model's `fit` / `evaluate` /
+Written for Keras 3.15 on TensorFlow 2.21. `kdist.training.dispatch` routes a model's `fit` / `evaluate` /
 `predict` here when its strategy is a ParameterServerStrategy. On the chief, `fit` becomes a
 ClusterCoordinator loop:
 
@@ -33,25 +33,12 @@ import re
 
 import numpy as np
 
+from kdist.keras_seam import keras_internals
 from kdist.ps import evaluation, sync
+from kdist.ps.coordinator import (ParameterServerFailure, cached_function, coordinator,
+                                  join_scheduled, num_workers)
 from kdist.strategies.registry import options_of
-
-
-class ParameterServerFailure(RuntimeError):
-    """A parameter server was lost during training; the variables it held are gone."""
-
-
-_coordinators: dict = {}
-
-
-def coordinator(strategy):
-    """The one ClusterCoordinator of `strategy` (TF allows only one per strategy)."""
-    import tensorflow as tf
-
-    if id(strategy) not in _coordinators:
-        _coordinators[id(strategy)] = tf.distribute.experimental.coordinator.ClusterCoordinator(
-            strategy)
-    return _coordinators[id(strategy)]
+from kdist.training import state as states
 
 
 # ------------------------------------------------------------------------------------- fit
@@ -59,7 +46,7 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         validation_split=0.0, validation_data=None, shuffle=True, class_weight=None,
         sample_weight=None, initial_epoch=0, steps_per_epoch=None, validation_steps=None,
         validation_batch_size=None, validation_freq=1):
-    from keras.src import callbacks as callbacks_module
+    import keras
 
     _reject_unsupported(validation_split=validation_split, class_weight=class_weight)
     if not steps_per_epoch:
@@ -75,21 +62,22 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     schedule = [(_train_function(model, k), k)] * (steps_per_epoch // k) + \
         [(_train_function(model, 1), 1)] * (steps_per_epoch % k)
 
-    if not isinstance(callbacks, callbacks_module.CallbackList):
-        callbacks = callbacks_module.CallbackList(
+    if not isinstance(callbacks, keras.callbacks.CallbackList):
+        callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=verbose != 0, verbose=verbose, epochs=epochs,
             steps=steps_per_epoch, model=model)
     model.stop_training = False
     callbacks.on_train_begin()
     logs = {}
-    sync_state = getattr(model, "_kdist_sync_state", None)
-    for epoch in range(model._initial_epoch or initial_epoch, epochs):
+    state = states.of(model)
+    sync_state = state.sync
+    for epoch in range(keras_internals.initial_epoch(model) or initial_epoch, epochs):
         model.reset_metrics()
         if sync_state is not None:
             sync_state.reset_stats()
         callbacks.on_epoch_begin(epoch)
         step = 0
-        skip = model.__dict__.pop("_kdist_initial_step", 0)  # resumed mid-epoch (BackupAndRestore)
+        skip, state.initial_step = state.initial_step, 0  # resumed mid-epoch (BackupAndRestore)
         for function, steps in schedule:
             if step + steps <= skip:
                 step += steps
@@ -102,7 +90,8 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
         logs = _metrics(model)
         if sync_state is not None:
             logs.update(sync_state.logs())
-        if validation_data is not None and model._should_eval(epoch, validation_freq):
+        if validation_data is not None and keras_internals.should_validate(model, epoch,
+                                                                           validation_freq):
             val_x, val_y, val_w = _unpack(validation_data)
             val_logs = evaluate(model, val_x, val_y, batch_size=validation_batch_size or batch_size,
                                 sample_weight=val_w, steps=validation_steps, callbacks=callbacks,
@@ -115,76 +104,25 @@ def fit(model, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callba
     return model.history
 
 
-def _cached_function(model, name, make):
-    """`make()`'s tf.function, traced once per model compilation (a recompiled model gets new ones,
-    as Keras resets its own train/test functions in compile())."""
-    cache = model.__dict__.setdefault("_kdist_functions", {})
-    key = (name, id(model.optimizer), id(model._compile_loss))
-    if key not in cache:
-        cache[key] = make()
-    return cache[key]
-
-
 def _train_function(model, steps: int):
     import tensorflow as tf
 
     def make():
         strategy = model.distribute_strategy
-        state = getattr(model, "_kdist_sync_state", None)
+        sync_state = states.of(model).sync
 
         @tf.function
         def train(iterator):
             for _ in range(steps):
-                if state is None:  # asynchronous: the optimizer applies each gradient at once
+                if sync_state is None:  # asynchronous: the optimizer applies each gradient
                     logs = strategy.run(model.train_step, args=(next(iterator),))
                 else:
-                    logs = state.step(iterator)  # kdist.ps.sync: the gradient goes to the ps
+                    logs = sync_state.step(iterator)  # kdist.ps.sync: the gradient goes to the ps
             return logs
 
         return train
 
-    return _cached_function(model, f"train_{steps}", make)
-
-
-def join_scheduled(strategy) -> None:
-    import tensorflow as tf
-
-    try:
-        coordinator(strategy).join()
-    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError,
-            tf.errors.NotFoundError) as err:
-        # TF's message may name every ps the failed function touched (TF 2.17 does): name the
-        # ones that no longer accept connections, and fall back to the message only if none.
-        lost = _unreachable_ps(strategy) or sorted(
-            set(re.findall(r"/job:ps/replica:0/task:(\d+)", str(err))))
-        which = ", ".join(f"ps:{i}" for i in lost) or "a parameter server"
-        raise ParameterServerFailure(
-            f"{which} failed during training ({type(err).__name__}); the variables it held are "
-            "lost. Restart the job: with kdist.callbacks.BackupAndRestore it resumes from the last "
-            "completed epoch") from err
-
-
-def _num_workers(strategy) -> int:
-    from kdist.strategies import cluster_of
-
-    return len(cluster_of(strategy).jobs["worker"])
-
-
-def _unreachable_ps(strategy) -> list[str]:
-    """Indices of the ps tasks whose address refuses a TCP connection now."""
-    import socket
-
-    from kdist.strategies import cluster_of
-
-    spec = cluster_of(strategy)
-    lost = []
-    for index, address in enumerate(spec.jobs.get("ps", ()) if spec is not None else ()):
-        host, _, port = address.rpartition(":")
-        try:
-            socket.create_connection((host, int(port)), timeout=2).close()
-        except OSError:
-            lost.append(str(index))
-    return lost
+    return cached_function(model, f"train_{steps}", make)
 
 
 # ------------------------------------------------------------------------------------- evaluate
@@ -202,30 +140,30 @@ def evaluate(model, x=None, y=None, batch_size=None, verbose="auto", sample_weig
     model.reset_metrics()
     strategy = model.distribute_strategy
     if options_of(strategy).ps_evaluation == "workers":
-        evaluation.run(model, dataset, callbacks, coordinator(strategy), _num_workers(strategy))
+        evaluation.run(model, dataset, callbacks, coordinator(strategy), num_workers(strategy))
     else:
-        test_step = _cached_function(model, "test", lambda: tf.function(model.test_step))
+        test_step = cached_function(model, "test", lambda: tf.function(model.test_step))
         _run_on_chief(dataset, test_step, callbacks.on_test_batch_begin,
                       lambda step, outputs: callbacks.on_test_batch_end(step, None))
     logs = _metrics(model)
     callbacks.on_test_end(logs)
-    return logs if return_dict else model._flatten_metrics_in_order(logs)
+    return logs if return_dict else keras_internals.flatten_metrics(model, logs)
 
 
 def predict(model, x, batch_size=None, verbose="auto", steps=None, callbacks=None):
     """Runs on the chief: rows come back in input order."""
+    import keras
     import tensorflow as tf
-    from keras.src import tree
 
     dataset = _local_dataset(x, None, None, batch_size, steps)
     callbacks = _callback_list(model, callbacks, verbose, steps)
     callbacks.on_predict_begin()
-    predict_step = _cached_function(model, "predict", lambda: tf.function(model.predict_step))
+    predict_step = cached_function(model, "predict", lambda: tf.function(model.predict_step))
     outputs = _run_on_chief(dataset, predict_step, callbacks.on_predict_batch_begin,
                             lambda step, out: callbacks.on_predict_batch_end(step, {"outputs": out}))
     callbacks.on_predict_end()
-    return tree.map_structure(lambda *parts: np.concatenate([np.asarray(p) for p in parts]),
-                              *outputs)
+    return keras.tree.map_structure(
+        lambda *parts: np.concatenate([np.asarray(p) for p in parts]), *outputs)
 
 
 def _run_on_chief(dataset, step_function, on_begin, on_end) -> list:
@@ -239,11 +177,11 @@ def _run_on_chief(dataset, step_function, on_begin, on_end) -> list:
 
 
 def _callback_list(model, callbacks, verbose, steps):
-    from keras.src import callbacks as callbacks_module
+    import keras
 
-    if isinstance(callbacks, callbacks_module.CallbackList):
+    if isinstance(callbacks, keras.callbacks.CallbackList):
         return callbacks
-    return callbacks_module.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose,
+    return keras.callbacks.CallbackList(callbacks, add_progbar=verbose != 0, verbose=verbose,
                                          epochs=1, steps=steps, model=model)
 
 
@@ -256,21 +194,22 @@ def _build(model, strategy, element_spec) -> None:
     """Creates every variable (model, metrics, optimizer) on the ps before any step is traced:
     steps that run on workers cannot create variables."""
     with strategy.scope():
-        model._symbolic_build(data_batch=element_spec)
+        keras_internals.build_from_spec(model, element_spec)
         if model.optimizer is not None and not model.optimizer.built:
             model.optimizer.build(model.trainable_variables)
     mode = sync.mode_of(model)
-    state = getattr(model, "_kdist_sync_state", None)
-    if mode.kind != "async" and (state is None or state.model.optimizer is not model.optimizer):
-        model._kdist_sync_state = sync.SyncState(model, mode, _num_workers(strategy))
+    state = states.of(model)
+    if mode.kind != "async" and (state.sync is None
+                                 or state.sync.model.optimizer is not model.optimizer):
+        state.sync = sync.SyncState(model, mode, num_workers(strategy))
 
 
 def _unpack(data):
-    from keras.src.trainers.data_adapters import data_adapter_utils
+    import keras
 
     if _is_dataset(data) or callable(data):
         return data, None, None
-    return data_adapter_utils.unpack_x_y_sample_weight(data)
+    return keras.utils.unpack_x_y_sample_weight(data)
 
 
 def _per_worker_dataset(strategy, x, train_data):
@@ -292,7 +231,7 @@ def _per_worker_dataset(strategy, x, train_data):
         return coordinator(strategy).create_per_worker_dataset(
             strategy.experimental_distribute_dataset(x.repeat()))
     if shard:
-        workers = _num_workers(strategy)
+        workers = num_workers(strategy)
         return coordinator(strategy).create_per_worker_dataset(
             lambda: strategy.distribute_datasets_from_function(
                 lambda context: train_data(_worker_context(context, workers))))
@@ -362,12 +301,12 @@ def _local_dataset(x, y, sample_weight, batch_size, steps):
 
 
 def _arrays(x, y, sample_weight):
-    from keras.src import tree
+    import keras
 
     if x is None:
         raise ValueError("no data: pass x (and y), a tf.data.Dataset or a dataset function")
     parts = tuple(part for part in (x, y, sample_weight) if part is not None)
-    return tree.lists_to_tuples(parts if len(parts) > 1 else (parts[0],))
+    return keras.tree.lists_to_tuples(parts if len(parts) > 1 else (parts[0],))
 
 
 def _reject_unsupported(**arguments) -> None:
@@ -379,9 +318,10 @@ def _reject_unsupported(**arguments) -> None:
 
 
 def _reject_sharded_variables(model) -> None:
-    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+    from kdist.keras_seam import tf_internals
 
-    sharded = [v.path for v in model.trainable_variables if isinstance(v.value, ShardedVariable)]
+    sharded = [v.path for v in model.trainable_variables
+               if tf_internals.is_sharded_variable(v.value)]
     if sharded:
         raise ValueError(
             f"{sharded[0]} is a ShardedVariable (from variable_partitioner), which Keras 3's "

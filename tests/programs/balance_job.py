@@ -30,7 +30,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from kdist.keras_compat import internals  # noqa: E402
+from kdist.keras_seam import keras_internals  # noqa: E402
 
 REPLICAS = strategy.num_replicas_in_sync
 GLOBAL_BATCH, STEPS, FEATURES = 64, 6, 256
@@ -43,7 +43,7 @@ class ExamplesPerReplica(keras.layers.Layer):
     """Counts the training examples each replica's batches held (an identity on the data)."""
 
     def build(self, input_shape):
-        with internals.per_replica_variables("sum"):
+        with keras_internals.per_replica_variables("sum"):
             self.seen = self.add_weight(shape=(REPLICAS,), initializer="zeros", trainable=False,
                                         name="seen")
 

@@ -18,8 +18,15 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from kdist import compression  # noqa: E402
-from kdist.compression import keras_hook  # noqa: E402
-from kdist.keras_compat.internals import per_replica_variables  # noqa: E402
+from kdist.exchange import Exchange  # noqa: E402
+from kdist.keras_seam.keras_internals import per_replica_variables  # noqa: E402
+from kdist.training import state  # noqa: E402
+from kdist.training.options import TrainingOptions  # noqa: E402
+
+
+def bind_by_hand(optimizer, compressor):
+    """Binds an exchange with `compressor` as it is (kdist.scope() would not bind NoCompression)."""
+    state.bind_exchange(optimizer, Exchange(optimizer, TrainingOptions(compression=compressor)))
 
 report = {}
 rng = np.random.default_rng(0)
@@ -56,11 +63,10 @@ def kdist_state(model, name):
 # bound to the optimizer by hand (kdist.scope() would not bind it at all) sends every gradient
 # through kdist's hook uncompressed, and trains exactly like plain Keras.
 plain, through_kdist = build(), build()
-through_kdist.optimizer._kdist = keras_hook.Binding(through_kdist.optimizer,
-                                                    compression.NoCompression(), 1)
+bind_by_hand(through_kdist.optimizer, compression.NoCompression())
 train(plain), train(through_kdist)
 report["no_compression_bit_for_bit"] = same(plain, through_kdist) and \
-    keras_hook.binding(through_kdist) is not None
+    state.exchange_of(through_kdist) is not None
 
 
 # The sums themselves, against plain Keras after the same training: TopK with ratio 1 (every entry
@@ -336,7 +342,7 @@ report["buckets"] = {}
 def positions(model):
     """The traced buckets, as positions in model.trainable_variables (kernel 0, bias 0, ...)."""
     where = {v.value.name: i for i, v in enumerate(model.trainable_variables)}
-    return [[where[name] for name in bucket] for bucket in keras_hook.binding(model).traced_buckets]
+    return [[where[name] for name in bucket] for bucket in state.exchange_of(model).traced_buckets]
 
 
 for name, options, fit_batch in (("plain", {}, 32), ("fp16", {"compressor": compression.FP16()}, 32),
@@ -361,7 +367,7 @@ with kdist.scope(devices=devices):
 report["nominal_ratio"] = {}
 for compressor in (compression.FP16(), compression.PowerSGD(rank=4), compression.TopK(0.01)):
     mlp.optimizer = keras.optimizers.SGD()
-    mlp.optimizer._kdist = keras_hook.Binding(mlp.optimizer, compressor, aggregate_every=1)
+    bind_by_hand(mlp.optimizer, compressor)
     report["nominal_ratio"][type(compressor).__name__] = compression.stats(mlp)["comm_ratio"]
 
 print(json.dumps(report))

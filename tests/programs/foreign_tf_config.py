@@ -8,7 +8,7 @@ import json
 import keras
 import numpy as np
 
-from kdist.scope import install_patches, uninstall_patches
+from kdist.keras_seam import patches as keras_seam
 
 
 def train():
@@ -23,9 +23,9 @@ def train():
     return [w.tolist() for w in model.get_weights()], printed.getvalue()
 
 
-install_patches()
+keras_seam.install()
 patched_weights, patched_output = train()
-uninstall_patches()
+keras_seam.uninstall()
 plain_weights, plain_output = train()
 
 

@@ -16,7 +16,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from kdist import keras_compat  # noqa: E402
+from kdist.keras_seam import patches as keras_seam  # noqa: E402
 
 PER_REPLICA, STEPS = 8, 5
 rng = np.random.default_rng(1)
@@ -59,9 +59,9 @@ by_one, _ = fit_steps_per_execution(1)
 try:
     by_three, by_three_history = fit_steps_per_execution(3)
     spe3_refused = None
-except ValueError as err:  # Keras <= 3.6: refused by kdist (fit_dispatch)
+except ValueError as err:  # Keras <= 3.6: refused by kdist (kdist.training.dispatch)
     by_three, spe3_refused = by_one, str(err)
-spe_fix = {w.name: w for w in keras_compat.WORKAROUNDS}["steps_per_execution_under_mirrored"]
+spe_fix = keras_seam.patch("steps_per_execution_under_mirrored")
 spe_fix_active = spe_fix.active
 spe_fix.uninstall()
 try:
@@ -74,8 +74,7 @@ if spe_fix_active:
 
 
 # Upstream without kdist's loss scaling (keras-team/keras#19891, Keras < 3.8): N times the update.
-fixes = {w.name: w for w in keras_compat.WORKAROUNDS}
-scaling_fix = fixes["loss_scaled_per_replica"]
+scaling_fix = keras_seam.patch("loss_scaled_per_replica")
 scaling_was_active = scaling_fix.active
 scaling_fix.uninstall()
 with strategy.scope():  # not kdist.scope(): it would install the fix again

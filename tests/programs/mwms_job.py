@@ -22,11 +22,11 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
-from keras.src.backend.tensorflow.trainer import TFEpochIterator  # noqa: E402
+from kdist.keras_seam import patches as keras_seam  # noqa: E402
+from kdist.keras_seam import classes  # noqa: E402
+from kdist.keras_seam.keras_internals import epoch_iterators  # noqa: E402
 
-from kdist import keras_compat  # noqa: E402
-from kdist.keras_compat.internals import epoch_iterators  # noqa: E402
-from kdist.scope import install_patches, uninstall_patches  # noqa: E402
+TFEpochIterator = classes.resolve("TFEpochIterator")  # TensorFlowTrainer's module, whatever its name
 
 report = {"task": spec.task, "is_chief": spec.is_chief, "strategy": type(strategy).__name__,
           "replicas": strategy.num_replicas_in_sync}
@@ -68,16 +68,14 @@ def shard_of_one_epoch():
 
 
 # 1. Regression evidence: each upstream bug still breaks Keras without kdist's workaround.
-uninstall_patches()
+keras_seam.uninstall()
 report["unpatched_fit_error"] = error_of(lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH,
                                                                   epochs=1, verbose=0))
 report["unpatched_shard"] = shard_of_one_epoch()
-patches = {w.name: w for w in keras_compat.WORKAROUNDS}
-patches["symbolic_build_without_collective"].install()
+keras_seam.patch("symbolic_build_without_collective").install()
 report["only_build_patched_fit_error"] = error_of(
     lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0))
-report["workarounds"] = keras_compat.install()
-install_patches()
+report["workarounds"] = keras_seam.install()
 report["patched_shard"] = shard_of_one_epoch()
 
 # 2. fit on in-memory arrays (shuffled) with the multi-worker-safe callbacks.
@@ -102,7 +100,7 @@ report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from
 
 # Upstream without kdist's metric fix (keras-team/keras#21061, Keras < 3.10): metric variables are
 # not combined across workers, so each worker's evaluate counts only the examples it saw.
-metric_fix = patches["metric_variables_synced_on_read"]
+metric_fix = keras_seam.patch("metric_variables_synced_on_read")
 report["keras"], report["metric_fix_active"] = keras.__version__, metric_fix.active
 metric_fix.uninstall()
 with strategy.scope():  # not kdist.scope(): it would install the fix again
@@ -178,9 +176,19 @@ def train_step_ops(scope):
                       metrics=["accuracy"])
     model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, shuffle=False)
     counts = {}
-    # Keras >= 3.7 wraps the tf.function in a Python closure; Keras <= 3.6 returns it directly.
-    wrapped = [c.cell_contents for c in getattr(model.train_function, "__closure__", None) or ()]
-    for function in [model.train_function, *wrapped]:
+    # Keras <= 3.6 returns the tf.function; 3.7-3.15 wrap it in a Python closure; 3.16 calls the
+    # traced step from a closure inside that closure: every function reachable through closures.
+    functions, pending, seen = [], [model.train_function], set()
+    while pending:
+        function = pending.pop()
+        if id(function) in seen:
+            continue
+        seen.add(id(function))
+        functions.append(function)
+        pending += [c.cell_contents for c in getattr(function, "__closure__", None) or ()
+                    if callable(c.cell_contents) and not isinstance(c.cell_contents, type)
+                    and not isinstance(c.cell_contents, keras.Model)]
+    for function in functions:
         for concrete in getattr(function, "_list_all_concrete_functions", lambda: [])():
             for graph in [concrete.graph, *(f.graph for f in concrete.graph._functions.values()
                                             if hasattr(f, "graph"))]:
@@ -190,14 +198,14 @@ def train_step_ops(scope):
 
 
 kdist_ops = train_step_ops(kdist.scope)
-uninstall_patches()
-for workaround in keras_compat.WORKAROUNDS:
+keras_seam.uninstall()
+for workaround in keras_seam.PATCHES:
     if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce",
                            "loss_scaled_per_replica", "metric_variables_synced_on_read") \
             and workaround.applies(keras.__version__, tf.__version__):  # fit needs them to be right
         workaround.install()
 report["train_step_ops"] = {"kdist": kdist_ops, "by_hand": train_step_ops(strategy.scope)}
-install_patches()
+keras_seam.install()
 
 
 # 9. Stock Keras callbacks, as a user writes them: each file written once, by the chief.
@@ -239,7 +247,7 @@ report["leftover_temp_dirs_after_stock"] = glob.glob(os.path.join(
 
 # Upstream evidence (no crash needed): without the fix, each worker writes its own TensorBoard
 # event file into the user's directory.
-callbacks_fix = {w.name: w for w in keras_compat.WORKAROUNDS}["multi_worker_file_callbacks"]
+callbacks_fix = keras_seam.patch("multi_worker_file_callbacks")
 callbacks_fix.uninstall()
 unpatched = os.path.join(out_dir, "unpatched")
 make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0,

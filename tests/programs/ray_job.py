@@ -55,9 +55,7 @@ def train_loop_per_worker(config):
     open(os.path.join(out, f"attempt-{rank}-{attempt}"), "w").close()
     kdist.strategy()
     digits = mnist_data.load("digits")
-    compression = kdist.compression.from_name(config["compression"]) if config["compression"] \
-        else None
-    with kdist.scope(compression=compression):
+    with kdist.scope(compression=config["compression"]):
         model = keras.Sequential([keras.Input(digits.x_train.shape[1:]), keras.layers.Flatten(),
                                   keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)])
         model.compile(keras.optimizers.Adam(2e-3),
@@ -120,7 +118,8 @@ def run_job(name: str, backup: bool, compression: str | None) -> dict:
     checkpoints = []
     for checkpoint, metrics in result.best_checkpoints:
         with checkpoint.as_directory() as folder:
-            checkpoints.append({"metrics": metrics, "files": sorted(os.listdir(folder))})
+            checkpoints.append({"metrics": metrics, "files": sorted(os.listdir(folder)),
+                                "path": checkpoint.path})
     return {"fit_seconds": seconds, "error": repr(result.error) if result.error else None,
             "metrics": result.metrics, "checkpoints": checkpoints}
 

@@ -27,7 +27,8 @@ import shutil
 import tempfile
 
 from kdist.cluster.spec import ClusterSpec
-from kdist.keras_compat import internals, registry
+from kdist.keras_seam import keras_internals
+from kdist.keras_seam.registry import Target
 
 BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
                 "_prev_training_metadata_path")  # the last two: Keras >= 3.7
@@ -37,7 +38,7 @@ def cluster_of_model(model) -> ClusterSpec:
     """The cluster `model` trains on, from its strategy; a single process when it has none."""
     from kdist.strategies import cluster_of
 
-    spec = cluster_of(getattr(model, "_distribute_strategy", None))
+    spec = cluster_of(keras_internals.strategy_of(model))
     return spec if spec is not None else ClusterSpec({})
 
 
@@ -94,7 +95,7 @@ def _backup_restore(original):
     def on_train_begin(self, logs=None):
         if is_chief(self):
             return original(self, logs)
-        internals.read_backup(self, original, logs)  # repairing the backup is the chief's job
+        keras_internals.read_backup(self, original, logs)  # repairing the backup is the chief's job
 
     return on_train_begin
 
@@ -143,16 +144,13 @@ def _cleaned_up(original):
     return on_train_end
 
 
-def patch_file_callbacks() -> list:
-    """Installs the fix on Keras's own callback classes; returns what `registry.undo` needs."""
-    from keras.src.callbacks import backup_and_restore, csv_logger, model_checkpoint, tensorboard
-
-    backup = backup_and_restore.BackupAndRestore
-    return [registry.replace(model_checkpoint.ModelCheckpoint, "_save_model", _checkpoint_save),
-            registry.replace(backup, "_save_model", _backup_save),
-            registry.replace(backup, "on_train_begin", _backup_restore),
-            registry.replace(backup, "on_train_end", _chief_only),
-            registry.replace(tensorboard.TensorBoard, "set_model", _redirected("log_dir", "tb-")),
-            registry.replace(tensorboard.TensorBoard, "on_train_end", _cleaned_up),
-            registry.replace(csv_logger.CSVLogger, "on_train_begin", _redirected("filename", "csv-")),
-            registry.replace(csv_logger.CSVLogger, "on_train_end", _cleaned_up)]
+FILE_CALLBACKS = {
+    Target("ModelCheckpoint", "_save_model"): _checkpoint_save,
+    Target("BackupAndRestore", "_save_model"): _backup_save,
+    Target("BackupAndRestore", "on_train_begin"): _backup_restore,
+    Target("BackupAndRestore", "on_train_end"): _chief_only,
+    Target("TensorBoard", "set_model"): _redirected("log_dir", "tb-"),
+    Target("TensorBoard", "on_train_end"): _cleaned_up,
+    Target("CSVLogger", "on_train_begin"): _redirected("filename", "csv-"),
+    Target("CSVLogger", "on_train_end"): _cleaned_up,
+}

@@ -26,7 +26,6 @@ def recording_batch_size(train_step):
         finally:
             _local.batch_size = None
 
-    step._kdist_records_batch = True
     return step
 
 

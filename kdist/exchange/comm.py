@@ -1,0 +1,125 @@
+"""`Comm`: the collectives of one replica's gradient exchange, batched over lists of tensors.
+
+Tensors on the replica's device are summed by the replica context (one all-reduce, as Keras does);
+a model-parallel shard's tensor, living on another device of the worker (`kdist.layers.placement`),
+is summed over the workers in that device's own collective group, so it is never copied to the
+replica's device first: data parallel across workers, one group per model-parallel rank.
+
+>>> import tensorflow as tf
+>>> strategy = tf.distribute.get_strategy()
+>>> summed = strategy.run(lambda: Comm(tf.distribute.get_replica_context(), step=0)
+...                       .all_reduce_sum([tf.ones(2)]))
+>>> summed[0].numpy().tolist()
+[1.0, 1.0]
+"""
+
+from __future__ import annotations
+
+import functools
+
+
+class Comm:
+    """The collectives of the current replica context, batched over lists of tensors, and the
+    optimizer step they serve (`step`, a tensor). Under a multi-worker strategy built with
+    ``all_reduce="tcp"`` the sums on the replica's device go through kdist's TCP ring
+    (`kdist.exchange.ring`) instead of TensorFlow's collectives."""
+
+    def __init__(self, replica_context, step):
+        self._context = replica_context
+        self.replicas = replica_context.num_replicas_in_sync
+        self.step = step
+        self._ring = tcp_ring(replica_context.strategy)
+        self._last = []  # the ring's last collective: the next one runs after it
+
+    def all_reduce_sum(self, tensors: list) -> list:
+        """Sums `tensors` over the replicas; a model-parallel shard's tensor (off the replica's
+        device) in its own device's group."""
+        import tensorflow as tf
+
+        from kdist.keras_seam import tf_internals
+        from kdist.layers import placement
+
+        tensors = list(tensors)
+        strategy = self._context.strategy
+        groups = placement.own_group_devices(tensors, strategy)
+        routed = {k for positions in groups.values() for k in positions}
+        rest = [k for k in range(len(tensors)) if k not in routed]
+        local = self._ring_sum if self._ring is not None else \
+            functools.partial(self._context.all_reduce, tf.distribute.ReduceOp.SUM)
+        batches = [(rest, local)]
+        batches += [(positions, functools.partial(tf_internals.device_group_all_reduce,
+                                                  device=device, strategy=strategy))
+                    for device, positions in groups.items()]
+        summed = [None] * len(tensors)
+        for positions, reduce in batches:
+            if positions:
+                for k, value in zip(positions, reduce([tensors[k] for k in positions])):
+                    summed[k] = value
+        return summed
+
+    def _ring_sum(self, tensors: list) -> list:
+        """`tensors` summed by the TCP ring: one packed buffer per dtype, one collective each, in
+        the order they are issued on every worker."""
+        import tensorflow as tf
+
+        summed = [None] * len(tensors)
+        by_dtype: dict = {}
+        for k, tensor in enumerate(tensors):
+            by_dtype.setdefault(tensor.dtype, []).append(k)
+        for dtype, positions in by_dtype.items():
+            flat = tf.concat([tf.reshape(tensors[k], [-1]) for k in positions], axis=0)
+            with tf.control_dependencies(self._last):
+                total = tf.numpy_function(self._ring.all_reduce_sum, [flat], dtype, stateful=True)
+            total.set_shape(flat.shape)
+            self._last = [total]
+            sizes = [tensors[k].shape.num_elements() for k in positions]
+            for k, part in zip(positions, tf.split(total, sizes)):
+                summed[k] = tf.reshape(part, tensors[k].shape)
+        return summed
+
+    def all_gather(self, tensors: list) -> list:
+        """Concatenates every replica's tensor along axis 0, in replica order."""
+        if not tensors:
+            return []
+        return self._context.all_gather(list(tensors), axis=0)
+
+
+class _LazyRing:
+    """A strategy's TCP ring, connected on its first all-reduce (inside the first step, when
+    every worker reaches it), through TensorFlow's coordination service."""
+
+    def __init__(self, rank: int, addresses: list[str], timeout: float):
+        self.rank, self.addresses, self.timeout = rank, addresses, timeout
+        self._ring = None
+
+    def all_reduce_sum(self, array):
+        """Sums the packed buffer `array` in place (it is the exchange's own: nothing else
+        reads it) and returns it, so TensorFlow takes the result back without a copy."""
+        if self._ring is None:
+            from kdist.exchange.ring import Ring
+            from kdist.keras_seam import tf_internals
+
+            self._ring = Ring.connect(
+                self.rank, self.addresses, tf_internals.set_job_key,
+                lambda key: tf_internals.get_job_key(key, int(self.timeout * 1000)), self.timeout)
+        return self._ring.all_reduce_sum(array, in_place=True)
+
+
+_rings: dict = {}  # id(strategy) -> its _LazyRing
+
+
+def tcp_ring(strategy):
+    """The TCP ring of a multi-worker strategy built with ``all_reduce="tcp"``, else None."""
+    from kdist.strategies import cluster_of, is_multi_worker
+    from kdist.strategies.registry import options_of
+
+    options = options_of(strategy)
+    if options.all_reduce != "tcp" or not is_multi_worker(strategy):
+        return None
+    if id(strategy) not in _rings:
+        spec = cluster_of(strategy)
+        tasks = [(t, i) for t, i in spec.tasks() if t in ("chief", "worker")]
+        timeout = options.collective_timeout or options.dead_peer_timeout
+        _rings[id(strategy)] = _LazyRing(tasks.index((spec.task_type, spec.task_index)),
+                                         [spec.address(t, i) for t, i in tasks], timeout)
+    return _rings[id(strategy)]

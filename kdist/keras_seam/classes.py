@@ -1,0 +1,101 @@
+"""The Keras classes kdist patches, found by what exists in the running Keras, never by a name
+that a release may change.
+
+Keras 3.16 renamed `TensorFlowTrainer` to `Trainer` (and the base `Trainer` to `BaseTrainer`), so
+the trainer is found in `keras.Model`'s own class hierarchy, by the module that defines it; the
+optimizer likewise in `keras.optimizers.Optimizer`'s. Public classes are taken from the public API.
+
+>>> resolve("Trainer").__module__
+'keras.src.backend.tensorflow.trainer'
+>>> isinstance(__import__("keras").metrics.Mean().variables[0], resolve("Variable"))
+True
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+
+class SeamError(RuntimeError):
+    """The running Keras has no class or attribute where kdist's seam expects one."""
+
+
+def _in_hierarchy(cls, module: str):
+    for klass in cls.__mro__:
+        if klass.__module__ == module:
+            return klass
+    raise SeamError(f"kdist cannot find the class of {module} in {cls.__name__}'s hierarchy "
+                    f"({', '.join(k.__module__ + '.' + k.__name__ for k in cls.__mro__)}); this "
+                    "Keras is outside what kdist supports: run `kdist doctor`")
+
+
+def _trainer():
+    import keras
+
+    return _in_hierarchy(keras.Model, "keras.src.backend.tensorflow.trainer")
+
+
+def _base_trainer():
+    import keras
+
+    return _in_hierarchy(keras.Model, "keras.src.trainers.trainer")
+
+
+def _trainer_module():
+    return sys.modules[_trainer().__module__]
+
+
+def _tf_optimizer():
+    import keras
+
+    return _in_hierarchy(keras.optimizers.Optimizer, "keras.src.backend.tensorflow.optimizer")
+
+
+def _base_optimizer():
+    import keras
+
+    return _in_hierarchy(keras.optimizers.Optimizer, "keras.src.optimizers.base_optimizer")
+
+
+def _public(path: str):
+    def get():
+        import keras
+
+        owner = keras
+        for part in path.split("."):
+            owner = getattr(owner, part)
+        return owner
+
+    return get
+
+
+def _array_data_adapter():
+    return importlib.import_module(
+        "keras.src.trainers.data_adapters.array_data_adapter").ArrayDataAdapter
+
+
+OWNERS = {
+    "Trainer": _trainer,  # TensorFlowTrainer in Keras <= 3.15, Trainer from 3.16
+    "BaseTrainer": _base_trainer,  # Trainer in Keras <= 3.15, BaseTrainer from 3.16
+    "trainer module": _trainer_module,
+    "TFEpochIterator": lambda: _trainer_module().TFEpochIterator,
+    "TFOptimizer": _tf_optimizer,
+    "BaseOptimizer": _base_optimizer,
+    "LossScaleOptimizer": _public("optimizers.LossScaleOptimizer"),
+    # The class Keras itself instantiates: keras.Variable is a subclass of it in Keras 3.5.
+    "Variable": lambda: importlib.import_module("keras.src.backend").Variable,
+    "Metric": _public("metrics.Metric"),
+    "ArrayDataAdapter": _array_data_adapter,
+    "BackupAndRestore": _public("callbacks.BackupAndRestore"),
+    "ModelCheckpoint": _public("callbacks.ModelCheckpoint"),
+    "TensorBoard": _public("callbacks.TensorBoard"),
+    "CSVLogger": _public("callbacks.CSVLogger"),
+}
+
+
+def resolve(owner: str):
+    """The running Keras's class (or module) that `owner` names."""
+    if owner not in OWNERS:
+        raise SeamError(f"unknown seam owner {owner!r}; known: {', '.join(OWNERS)}")
+    return OWNERS[owner]()

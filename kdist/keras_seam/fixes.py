@@ -1,0 +1,294 @@
+"""The upstream Keras 3 / TensorFlow bugs kdist fixes, each registered with its report, range and
+the reason (`Patch(kind=FIX)`), and shown to exist upstream by a regression test.
+
+>>> from kdist.keras_seam import patches
+>>> active = patches.install()          # what kdist.scope() does
+>>> "scalar_metric_reduce" in active
+True
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import zlib
+
+from kdist.keras_seam import keras_internals, versions
+from kdist.keras_seam.callbacks import FILE_CALLBACKS
+from kdist.keras_seam.registry import FIX, Patch, Target
+from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
+
+
+# ----------------------------------------------------------------------------------------------
+# 1. `_maybe_symbolic_build` all-reduces the first batch just to learn its shapes. Under MWMS the
+#    cross-worker `strategy.reduce(MEAN, <nested PerReplica>, axis=None)` cannot convert the
+#    PerReplica structure and raises "Attempt to convert a value (PerReplica...) with an unsupported
+#    type" (flat inputs and dict inputs alike). Shapes need no collective: take the first local
+#    replica's batch.
+def _symbolic_build_without_collective(original):
+    @functools.wraps(original)
+    def _maybe_symbolic_build(self, iterator=None, data_batch=None):
+        import keras
+        import tensorflow as tf
+
+        if keras_internals.strategy_of(self) is None or iterator is None:
+            return original(self, iterator=iterator, data_batch=data_batch)
+        strategy = self.distribute_strategy
+        for it in keras_internals.epoch_iterators(iterator):
+            batch = next(it)
+            data_batch = keras.tree.map_structure(
+                lambda v: (strategy.experimental_local_results(v)[0]
+                           if isinstance(v, tf.distribute.DistributedValues) else v), batch)
+            break
+        return original(self, iterator=None, data_batch=data_batch)
+
+    return _maybe_symbolic_build
+
+
+# ----------------------------------------------------------------------------------------------
+# 2. `reduce_per_replica(..., "mean")` reduces every step's logs with `strategy.reduce("MEAN", v,
+#    axis=0)` under multi-worker collectives; the logs are scalars, so TF raises "Invalid reduction
+#    dimension 0 for input with 0 dimensions". Scalars are all-reduced with axis=None; tensors
+#    keep Keras's behaviour.
+def _scalar_reduce(original):
+    @functools.wraps(original)
+    def reduce_per_replica(values, strategy, reduction):
+        import keras
+
+        if reduction not in ("auto", "mean") or not is_multi_worker(strategy):
+            return original(values, strategy, reduction)
+
+        def reduce(v):
+            axis = None if v.shape.rank == 0 else 0
+            return strategy.reduce("MEAN", v, axis=axis)
+
+        return keras.tree.map_structure(reduce, values)
+
+    return reduce_per_replica
+
+
+# ----------------------------------------------------------------------------------------------
+# 3. In-memory arrays (`fit(x=np_array, shuffle=True)`): Keras's ArrayDataAdapter permutes the
+#    indices with an unseeded `tf.random.shuffle` in every process, then tf.data auto-shards the
+#    batches by DATA. Each worker takes its slice of a *different* permutation, so within an epoch
+#    some examples are trained on twice and others never. kdist shuffles with one seed shared by
+#    every worker of the job (derived from the addresses of the strategy's cluster) and reshuffles
+#    each epoch, so the shards partition it. Keras 3.16 shuffles with a stateless seed per epoch,
+#    the same on every worker: fixed there.
+def _shared_shuffle_seed(spec) -> int:
+    return zlib.crc32(json.dumps(spec.jobs, sort_keys=True).encode())
+
+
+def _consistently_shuffled_dataset(adapter, seed: int):
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    from keras.src.trainers.data_adapters import array_slicing
+
+    inputs = keras.tree.lists_to_tuples(
+        array_slicing.convert_to_sliceable(adapter._inputs, target_backend="tensorflow"))
+    if not all(isinstance(t, np.ndarray) or (tf.is_tensor(t) and not isinstance(
+            t, (tf.SparseTensor, tf.RaggedTensor))) for t in keras.tree.flatten(inputs)):
+        raise ValueError("fit(shuffle=True) on in-memory sparse or ragged inputs under "
+                         "MultiWorkerMirroredStrategy cannot be shuffled identically on every "
+                         "worker; pass a tf.data.Dataset (shuffled with a fixed seed) or "
+                         "shuffle=False")
+    indices = tf.data.Dataset.range(adapter._num_samples)
+    if adapter._shuffle == "batch":
+        indices = indices.batch(adapter._batch_size).shuffle(
+            adapter.num_batches, seed=seed, reshuffle_each_iteration=True)
+    else:
+        indices = indices.shuffle(adapter._num_samples, seed=seed,
+                                  reshuffle_each_iteration=True).batch(adapter._batch_size)
+    dataset = indices.map(lambda i: keras.tree.map_structure(lambda t: tf.gather(t, i), inputs),
+                          num_parallel_calls=tf.data.AUTOTUNE)
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.DATA
+    return dataset.with_options(options).prefetch(tf.data.AUTOTUNE)
+
+
+def _consistent_array_shuffle(original):
+    @functools.wraps(original)
+    def __init__(self, distribute_strategy=None, *args, **kwargs):
+        from kdist.keras_seam import classes
+
+        original(self, distribute_strategy, *args, **kwargs)
+        adapter = self.data_adapter
+        if (isinstance(adapter, classes.resolve("ArrayDataAdapter")) and adapter._shuffle
+                and is_multi_worker(distribute_strategy)):
+            seed = _shared_shuffle_seed(cluster_of(distribute_strategy))
+            self._distributed_dataset = distribute_strategy.experimental_distribute_dataset(
+                _consistently_shuffled_dataset(adapter, seed))
+
+    return __init__
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. Keras 3's `Variable.assign_add/assign_sub` is `assign(self + value)`: a read-modify-write.
+#    Under ParameterServerStrategy the workers update the same ps variables concurrently, so
+#    increments are lost: metrics come out wrong (accuracy 1.12 measured) and
+#    `optimizer.iterations` undercounts. Under PSS, kdist uses the variable's own
+#    assign_add/assign_sub, which the ps applies atomically.
+def _atomic(name: str):
+    def make(original):
+        @functools.wraps(original)
+        def method(self, value):
+            import tensorflow as tf
+            from keras.src.backend.common.stateless_scope import in_stateless_scope
+
+            if (self._value is None or in_stateless_scope()
+                    or not is_parameter_server(tf.distribute.get_strategy())):
+                return original(self, value)
+            value = self._convert_to_tensor(value, dtype=self.dtype)
+            return getattr(self._value, name)(value)
+
+        return method
+
+    return make
+
+
+# ----------------------------------------------------------------------------------------------
+# 5. `steps_per_execution > 1` under Mirrored and MultiWorkerMirrored: Keras runs each execution's
+#    steps in a `tf.while_loop` whose body calls the distributed step inside a `tf.cond`; TF then
+#    fails with "You must feed a value for placeholder tensor '...while/cond/Placeholder...'"
+#    (Keras <= 3.6 unrolled the steps in Python and has no such loop). Under those strategies kdist
+#    keeps Keras's loop but takes the step out of the cond: the loop's condition checks that a
+#    next batch exists, the body runs the step on it and (a cond over the iterator only) fetches
+#    the one after while steps remain. The first batch is read with `get_next()`: at the end of the
+#    data its OutOfRangeError ends the epoch, as Keras's epoch iterator expects.
+def _multi_step_function(trainer, step_function):
+    import tensorflow as tf
+
+    from kdist.keras_seam import classes
+
+    strategy = trainer.distribute_strategy
+    reduce_per_replica = classes.resolve("trainer module").reduce_per_replica
+
+    def one_step(data):
+        outputs = strategy.run(step_function, args=(data,))
+        return reduce_per_replica(outputs, strategy, reduction="auto")
+
+    @tf.autograph.experimental.do_not_convert
+    def steps(iterator):
+        k = trainer.steps_per_execution
+        outputs = one_step(iterator.get_next())
+
+        def more(step, outputs, following):
+            return tf.logical_and(step < k, following.has_value())
+
+        def body(step, outputs, following):
+            outputs = one_step(following.get_value())
+            following = tf.cond(step + 1 < k, iterator.get_next_as_optional, lambda: following)
+            return step + 1, outputs, following
+
+        _, outputs, _ = tf.while_loop(more, body,
+                                      [tf.constant(1), outputs, iterator.get_next_as_optional()])
+        return outputs
+
+    return steps if trainer.run_eagerly else tf.function(steps, reduce_retracing=True)
+
+
+def _steps_per_execution(original):
+    @functools.wraps(original)
+    def _make_function(self, step_function):
+        strategy = self.distribute_strategy
+        if self.steps_per_execution == 1 or strategy.num_replicas_in_sync == 1 or \
+                is_parameter_server(strategy):
+            return original(self, step_function)
+        return _multi_step_function(self, step_function)
+
+    return _make_function
+
+
+# ----------------------------------------------------------------------------------------------
+# 6. Keras < 3.8 does not scale the loss for distribution: each replica's gradient is that of its
+#    mean loss, tf.distribute sums them across replicas, so every update is N times too large with
+#    N replicas (fixed in Keras 3.8 by keras-team/keras#20609). kdist divides the loss by the
+#    replicas in sync where the stock train_step turns it into gradients, `optimizer.scale_loss`
+#    (also LossScaleOptimizer's); the logged loss is unchanged.
+def _loss_scaled_per_replica(original):
+    @functools.wraps(original)
+    def scale_loss(self, loss):
+        import tensorflow as tf
+
+        loss = original(self, loss)
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        return loss if replicas == 1 else loss * (1.0 / replicas)
+
+    return scale_loss
+
+
+# ----------------------------------------------------------------------------------------------
+# 7. Keras < 3.10 creates metric variables as ordinary (mirrored) variables: each worker keeps its
+#    own counts, so two MWMS workers log different losses and `evaluate` reports one worker's
+#    share of the data (Keras 3.10 creates them synchronised on read, keras-team/keras#21072).
+#    kdist creates them per replica and combined on read, with the metric's own aggregation, also
+#    when Keras defers creating the tf.Variable (compiled metrics are built in a stateless scope).
+def _metric_add_variable(original):
+    @functools.wraps(original)
+    def add_variable(self, shape, initializer, dtype=None, aggregation="sum", name=None):
+        combine = aggregation if aggregation in ("sum", "mean") else "sum"
+        with keras_internals.per_replica_variables(combine):
+            variable = original(self, shape, initializer, dtype=dtype, aggregation=aggregation,
+                                name=name)
+        variable._kdist_on_read = combine  # for a deferred creation, below
+        return variable
+
+    return add_variable
+
+
+def _deferred_initialize(original):
+    @functools.wraps(original)
+    def initialize(self, value_or_initializer):
+        combine = getattr(self, "_kdist_on_read", None)
+        if combine is None:
+            return original(self, value_or_initializer)
+        with keras_internals.per_replica_variables(combine):
+            return original(self, value_or_initializer)
+
+    return initialize
+
+
+FIXES = [
+    Patch("symbolic_build_without_collective", FIX,
+          {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
+          upstream="keras-team/keras#20585, keras-team/keras#20329, tensorflow/tensorflow#72388",
+          why="fit under MultiWorkerMirrored crashes on its first batch: Keras all-reduces it "
+              "across workers only to learn its shapes"),
+    Patch("scalar_metric_reduce", FIX, {Target("trainer module", "reduce_per_replica"): _scalar_reduce},
+          upstream="keras-team/keras#20585",
+          why="every step's logs under MultiWorkerMirrored fail: scalars reduced along axis 0"),
+    Patch("consistent_array_shuffle", FIX,
+          {Target("TFEpochIterator", "__init__"): _consistent_array_shuffle},
+          upstream="none filed; see kdist/keras_seam/fixes.py (Keras 3.16 shuffles with a "
+                   "stateless seed per epoch, the same on every worker)",
+          keras_versions=("3.5.0", "3.15.99"), fixed_in="3.16.0",
+          why="fit(arrays, shuffle=True) under MultiWorkerMirrored: each worker shards its own "
+              "permutation, so some examples train twice per epoch and others never"),
+    Patch("atomic_assign_under_parameter_server", FIX,
+          {Target("Variable", name): _atomic(name) for name in ("assign_add", "assign_sub")},
+          upstream="none filed; see kdist/keras_seam/fixes.py",
+          why="assign_add is a read-modify-write: concurrent parameter-server workers lose "
+              "metric and iteration increments"),
+    Patch("steps_per_execution_under_mirrored", FIX,
+          {Target("Trainer", "_make_function"): _steps_per_execution},
+          upstream="keras-team/keras#19246", keras_versions=("3.7.0", versions.KERAS_RANGE[1]),
+          why="steps_per_execution > 1 under Mirrored strategies fails with a placeholder error "
+              "(the distributed step inside a cond inside Keras's while_loop)"),
+    Patch("loss_scaled_per_replica", FIX,
+          {Target(owner, "scale_loss"): _loss_scaled_per_replica
+           for owner in ("BaseOptimizer", "LossScaleOptimizer")},
+          upstream="keras-team/keras#19891", keras_versions=("3.5.0", "3.7.99"), fixed_in="3.8.0",
+          why="every update is N times too large with N replicas (the loss is not divided by them)"),
+    Patch("metric_variables_synced_on_read", FIX,
+          {Target("Metric", "add_variable"): _metric_add_variable,
+           # where the TF backend creates the tf.Variable: both methods in Keras <= 3.9
+           Target("Variable", "_initialize"): _deferred_initialize,
+           Target("Variable", "_initialize_with_initializer"): _deferred_initialize},
+          upstream="keras-team/keras#21061", keras_versions=("3.5.0", "3.9.99"), fixed_in="3.10.0",
+          why="each MultiWorkerMirrored worker logs and evaluates its own share of the data"),
+    Patch("multi_worker_file_callbacks", FIX, FILE_CALLBACKS,
+          upstream="none filed (tf-keras had it); see kdist/keras_seam/callbacks.py",
+          why="ModelCheckpoint, BackupAndRestore, TensorBoard and CSVLogger write from every "
+              "worker to the same path (HDF5 lock errors, truncated files, interleaved logs)"),
+]

@@ -1,0 +1,70 @@
+"""The named points where kdist's features plug into Keras, and the object that serves them.
+
+The seam's hook patches (`kdist.keras_seam.hook_points`) call the methods of the connected
+`Hooks`; `kdist.training.KdistHooks` is the one kdist connects (at `import kdist`). The defaults
+here do exactly what Keras does, so a hook patch with nothing connected changes nothing.
+
+A feature never patches Keras: it implements one of these methods (or is called from one).
+
+>>> connected().slot_device(optimizer=None, reference_variable=None) is None
+True
+"""
+
+from __future__ import annotations
+
+
+class Hooks:
+    """What happens at each hook point; subclass and `connect` an instance to change it."""
+
+    def dispatch(self, name: str, original, arguments):
+        """`model.fit` / `evaluate` / `predict` (`name`) called with `arguments` (an
+        `inspect.BoundArguments` of Keras's method, `self` included)."""
+        return original(*arguments.args, **arguments.kwargs)
+
+    def after_compile(self, model) -> None:
+        """`model.compile(...)` has just run: bind what the model trains with."""
+
+    def after_symbolic_build(self, model, epoch_iterator) -> None:
+        """`fit` (or evaluate/predict) built the model from the first batch of `epoch_iterator`."""
+
+    def optimizer_built(self, optimizer, variables) -> None:
+        """`optimizer.build(variables)` has created its slots: create any state of kdist's."""
+
+    def apply_gradients(self, optimizer, grads_and_vars, original, kwargs):
+        """`optimizer.apply_gradients(grads_and_vars, **kwargs)` is called."""
+        return original(optimizer, grads_and_vars, **kwargs)
+
+    def exchange_gradients(self, optimizer, grads_and_vars, original):
+        """The replicas' gradients are summed (Keras: one all-reduce of them all)."""
+        return original(optimizer, grads_and_vars)
+
+    def update_step(self, optimizer, grads, variables, learning_rate, original):
+        """The optimizer updates `variables` with `grads` (Keras: exchange, then apply)."""
+        return original(optimizer, grads, variables, learning_rate)
+
+    def apply_weight_decay(self, optimizer, variables, original):
+        """The optimizer decays `variables` (Keras: once per update step)."""
+        return original(optimizer, variables)
+
+    def slot_device(self, optimizer, reference_variable) -> str | None:
+        """The device a new optimizer slot of `reference_variable` goes to (None: Keras's)."""
+        return None
+
+    def backup_class(self):
+        """The class `keras.callbacks.BackupAndRestore(...)` builds (None: Keras's own)."""
+        return None
+
+
+_connected = Hooks()
+
+
+def connect(hooks: Hooks) -> None:
+    """Makes `hooks` serve every hook point."""
+    global _connected
+    if not isinstance(hooks, Hooks):
+        raise TypeError(f"connect({hooks!r}): give an instance of kdist.keras_seam.hooks.Hooks")
+    _connected = hooks
+
+
+def connected() -> Hooks:
+    return _connected

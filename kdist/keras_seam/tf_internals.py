@@ -1,0 +1,178 @@
+"""Every TensorFlow internal kdist uses (`tensorflow.python`, private attributes), in one place.
+
+Each function says what it reads and why no public API serves. The version matrix (`.ci/stacks`)
+runs them on every supported TensorFlow.
+
+>>> import tensorflow as tf
+>>> canonical_device("/cpu:0")
+'/job:localhost/replica:0/task:0/device:CPU:0'
+"""
+
+from __future__ import annotations
+
+import importlib
+
+
+# ------------------------------------------------------------------ the eager runtime
+def runtime_started() -> bool:
+    """Whether TensorFlow's eager runtime is initialised (its C context exists). No public API
+    tells without initialising it."""
+    from tensorflow.python.eager import context
+
+    return context.context()._context_handle is not None
+
+
+def run_before_first_op(callback) -> None:
+    """Calls `callback()` once, right before TensorFlow initialises its runtime (its first op),
+    after any device configuration the program made. MultiWorkerMirroredStrategy must be built
+    there; TensorFlow has no public start-up hook, so this wraps the context's
+    `ensure_initialized` once (an instance attribute, removed again on first use)."""
+    from tensorflow.python.eager import context
+
+    runtime = context.context()
+    if runtime._context_handle is not None:
+        return
+    initialise = runtime.ensure_initialized
+
+    def callback_then_initialise():
+        del runtime.ensure_initialized  # one shot: TF's own method from now on
+        callback()
+        initialise()
+
+    runtime.ensure_initialized = callback_then_initialise
+
+
+# ------------------------------------------------------------------ the coordination service
+# Where TensorFlow keeps the coordination service's config proto: under tensorflow/compiler/xla/tsl
+# in TF 2.19-2.22, under tensorflow/tsl in TF 2.17 (both checked by the version matrix).
+_COORDINATION_CONFIG_MODULES = ("tensorflow.compiler.xla.tsl.protobuf.coordination_config_pb2",
+                                "xla.tsl.protobuf.coordination_config_pb2",
+                                "tensorflow.tsl.protobuf.coordination_config_pb2")
+
+
+def _coordination_config_module():
+    for name in _COORDINATION_CONFIG_MODULES:
+        try:
+            return importlib.import_module(name)
+        except ImportError:
+            continue
+    import tensorflow as tf  # moved again upstream: say so rather than silently not tuning
+
+    raise RuntimeError(f"dead_peer_timeout: kdist cannot find TensorFlow {tf.__version__}'s "
+                       f"coordination service config (looked for "
+                       f"{', '.join(_COORDINATION_CONFIG_MODULES)}); report it to kdist with your "
+                       "TF version")
+
+
+def configure_coordination_service(cluster_spec, heartbeat_timeout_s: float) -> None:
+    """Configures TF's coordination service as MultiWorkerMirroredStrategy would (leader, the
+    chief and worker jobs), with `heartbeat_timeout_s`; does nothing when it is already set up.
+    MWMS configures the service only when nobody has, without a way to pass the timeout."""
+    from tensorflow.python.distribute import multi_worker_util
+    from tensorflow.python.eager import context
+
+    config_pb2 = _coordination_config_module()
+    runtime = context.context()
+    if runtime.coordination_service is not None:
+        return
+    jobs = [config_pb2.CoordinatedJob(name=job, num_tasks=cluster_spec.num_tasks(job))
+            for job in ("chief", "worker") if job in cluster_spec.jobs]
+    runtime.configure_coordination_service(
+        service_type="standalone",
+        service_leader=multi_worker_util.coordination_leader(cluster_spec),
+        coordinated_jobs=jobs, heartbeat_timeout_in_ms=int(heartbeat_timeout_s * 1000))
+
+
+def set_job_key(key: str, value: str) -> None:
+    """Writes `key` in the coordination service's key-value store (shared by the job's tasks);
+    raises if another task wrote it first."""
+    from tensorflow.python.eager import context
+
+    context.context().set_config_key_value(key, value)
+
+
+def get_job_key(key: str, timeout_ms: int | None = None) -> str:
+    """Reads `key` from the coordination service, waiting up to `timeout_ms` (None: forever)."""
+    from tensorflow.python.eager import context
+
+    if timeout_ms is None:
+        return context.context().get_config_key_value(key)
+    return context.context().get_config_key_value(key, timeout_ms)
+
+
+# ------------------------------------------------------------------ strategies and devices
+def in_multi_worker_mode(strategy) -> bool:
+    """Whether a MultiWorkerMirroredStrategy spans several processes (its extended's private
+    test: a one-worker MWMS is a local strategy)."""
+    return strategy.extended._in_multi_worker_mode()
+
+
+def num_workers(strategy) -> int:
+    """The worker processes of a multi-worker strategy's collectives (1 for a local one)."""
+    return getattr(strategy.extended, "_num_workers", 1)
+
+
+def is_mirrored(strategy) -> bool:
+    """Whether `strategy` creates mirrored variables (Mirrored and MultiWorkerMirrored)."""
+    from tensorflow.python.distribute import mirrored_strategy
+
+    return isinstance(strategy.extended, mirrored_strategy.MirroredExtended)
+
+
+def canonical_device(name: str) -> str:
+    """A device name in TensorFlow's full form ('/cpu:0' -> '/job:.../device:CPU:0')."""
+    from tensorflow.python.distribute import device_util
+
+    return device_util.canonicalize(name)
+
+
+class _Devices:
+    """What a mirrored strategy's variable creator reads from ``colocate_with``: its devices."""
+
+    def __init__(self, device: str):
+        self._devices = (device,)
+
+
+def colocated_with_device(device: str):
+    """A value for a variable creator's ``colocate_with`` that makes a mirrored strategy create
+    the variable with its one copy on `device` (TF's own route for optimizer slots)."""
+    return _Devices(canonical_device(device))
+
+
+_launchers: dict = {}  # (id(strategy), device) -> the device's collective launcher
+
+
+def device_group_all_reduce(tensors: list, device: str, strategy) -> list:
+    """Sums `tensors` (on `device`) over the workers of a multi-worker strategy, in `device`'s
+    own collective group: the group the strategy broadcast that device's variables' initial
+    values in (the same device on every worker). tf.distribute reduces only on the replica's
+    devices; its `CollectiveReplicaLauncher` does it on any device."""
+    from tensorflow.python.distribute import cross_device_utils
+
+    extended = strategy.extended
+    key = (id(strategy), device)
+    if key not in _launchers:
+        collective_keys = extended._collective_keys
+        _launchers[key] = cross_device_utils.CollectiveReplicaLauncher(
+            collective_keys.get_group_key([device]), extended._num_workers, collective_keys,
+            device, extended._communication_options)
+    return _launchers[key].batch_all_reduce([list(tensors)])
+
+
+def device_groups_used(strategy) -> list[str]:
+    """The devices whose own collective group has summed tensors under `strategy` so far."""
+    return sorted(device for (owner, device) in _launchers if owner == id(strategy))
+
+
+def is_sharded_variable(value) -> bool:
+    """Whether a variable is a `ShardedVariable` (from `variable_partitioner`), which has no
+    public type."""
+    from tensorflow.python.distribute.sharded_variable import ShardedVariable
+
+    return isinstance(value, ShardedVariable)
+
+
+def slurm_resolver_module():
+    """TensorFlow's Slurm cluster resolver module (its host-list expansion has no public name)."""
+    return importlib.import_module(
+        "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver")

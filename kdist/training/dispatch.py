@@ -1,0 +1,87 @@
+"""What kdist adds to Keras's `fit`, `evaluate` and `predict`, decided in one place per call.
+
+It acts only on models kdist is responsible for, in this order:
+
+1. the cluster, from the model's strategy (`kdist.strategies.cluster_of`): the spec kdist built the
+   strategy for, or a hand-built multi-worker / parameter-server strategy's own resolver; never
+   TF_CONFIG, so a plain Keras model in the same process is untouched whatever TF_CONFIG holds;
+2. progress: with ``verbose="auto"`` (Keras's default) only the chief prints, as tf-keras did;
+   an explicit ``verbose=1/2`` is honoured everywhere;
+3. the gradient exchange: a model whose exchange has phases (compression, aggregate_every) gets
+   `kdist.exchange.phases.PhaseCallback` in `fit`; one compiled inside ``kdist.scope(balance=...)``
+   gets its training batches split in proportion (`kdist.balance.fitting`);
+4. refusals with the reason instead of a failure deep inside the first step: `jit_compile=True`
+   with several replicas on CPU devices (TensorFlow cannot compile the all-reduce there), and
+   `steps_per_execution > 1` with several replicas on Keras <= 3.6;
+5. parameter-server training: under ParameterServerStrategy the call runs kdist's ClusterCoordinator
+   loop (`kdist.ps.training`; Keras 3 has none: keras-team/keras#18624); otherwise Keras's own.
+"""
+
+from __future__ import annotations
+
+FIT_INPUT = ("x", "y", "sample_weight", "batch_size")  # ModelState.fit_input during a fit
+
+
+def dispatch(name: str, original, arguments):
+    """Runs `model.<name>(...)` (`arguments`: Keras's method's bound arguments)."""
+    from kdist.balance import fitting
+    from kdist.exchange.phases import PhaseCallback
+    from kdist.keras_seam import keras_internals
+    from kdist.strategies import cluster_of, is_parameter_server
+    from kdist.training import state as states
+
+    model = arguments.arguments["self"]
+    strategy = keras_internals.strategy_of(model)  # None: built outside any strategy scope
+    spec = cluster_of(strategy)
+    if spec is not None and arguments.arguments.get("verbose", "auto") == "auto" \
+            and not spec.is_chief:
+        arguments.arguments["verbose"] = 0
+    state = states.of(model)
+    if name == "fit":
+        if strategy is not None and model.jit_compile is True:
+            _check_xla(strategy)
+        if strategy is not None and model.steps_per_execution > 1:
+            _check_steps_per_execution(strategy, model.steps_per_execution)
+        state.fit_input = tuple(arguments.arguments.get(k) for k in FIT_INPUT)
+        exchange = states.exchange_of(model)
+        if exchange is not None and exchange.has_phases:
+            callbacks = arguments.arguments.get("callbacks") or []
+            arguments.arguments["callbacks"] = [PhaseCallback(exchange), *callbacks]
+    try:
+        if strategy is not None and is_parameter_server(strategy):
+            from kdist.ps import training
+
+            return getattr(training, name)(*arguments.args, **arguments.kwargs)
+        if name == "fit":
+            with fitting.fitting(model):
+                return original(*arguments.args, **arguments.kwargs)
+        return original(*arguments.args, **arguments.kwargs)
+    finally:
+        if name == "fit":
+            state.fit_input = None  # no reference to the user's arrays after fit
+
+
+def _check_xla(strategy) -> None:
+    """XLA cannot compile the collectives of a multi-replica step on CPU devices (TF 2.21:
+    "Collectives are not yet implemented for CPU devices when compiling with XLA", b/194942685),
+    so `jit_compile=True` would fail deep in the first step: say so before it starts."""
+    devices = strategy.extended.worker_devices
+    if strategy.num_replicas_in_sync > 1 and all("CPU" in d.upper() for d in devices):
+        raise ValueError(
+            f"compile(jit_compile=True) with {strategy.num_replicas_in_sync} replicas on CPU "
+            "devices: TensorFlow's XLA cannot compile the gradient all-reduce on CPU "
+            "(b/194942685). Use jit_compile=False, or 'auto' (Keras then leaves XLA off on CPU)")
+
+
+def _check_steps_per_execution(strategy, steps_per_execution: int) -> None:
+    import keras
+
+    from kdist.keras_seam import keras_internals, versions
+
+    safe = versions.for_running_keras(keras_internals.STEPS_PER_EXECUTION_SAFE_WITH_REPLICAS)
+    if strategy.num_replicas_in_sync > 1 and not safe:
+        raise ValueError(
+            f"compile(steps_per_execution={steps_per_execution}) with "
+            f"{strategy.num_replicas_in_sync} replicas on Keras {keras.__version__}: Keras <= 3.6 "
+            "aborts the gradient all-reduce when an epoch ends inside an execution. Use "
+            "steps_per_execution=1, or Keras >= 3.7")

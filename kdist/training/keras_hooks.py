@@ -1,0 +1,119 @@
+"""`KdistHooks`: what kdist does at each hook point of the seam (`kdist.keras_seam.hooks`).
+
+`import kdist` connects one instance. Every method leaves objects kdist is not responsible for to
+Keras: a model compiled outside `kdist.scope(...)` options, an optimizer with no exchange bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from kdist.keras_seam.hooks import Hooks
+
+logger = logging.getLogger("kdist")
+
+
+class KdistHooks(Hooks):
+    """kdist's features, at the seam's hook points."""
+
+    def dispatch(self, name, original, arguments):
+        from kdist.training import dispatch
+
+        return dispatch.dispatch(name, original, arguments)
+
+    def after_compile(self, model) -> None:
+        """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
+        ask for to its optimizer."""
+        from kdist.exchange import Exchange, weights
+        from kdist.keras_seam import keras_internals
+        from kdist.training import options as training_options
+        from kdist.training import state as states
+
+        options = training_options.active()
+        if options.balance is not None and model.distribute_strategy.num_replicas_in_sync == 1:
+            logger.info("kdist: balance=%s with one replica: nothing to balance", options.balance)
+            options = dataclasses.replace(options, balance=None)
+        states.bind(model, options)
+        optimizer = model.optimizer
+        if optimizer is None or not options.exchanges_gradients:
+            return
+        if optimizer.gradient_accumulation_steps:
+            raise ValueError("kdist.scope(compression/aggregate_every) cannot drive an optimizer "
+                             "with gradient_accumulation_steps (Keras puts its all-reduce inside "
+                             "a cond, which tf.distribute forbids): use aggregate_every instead")
+        if states.exchange_of(optimizer) is not None:
+            raise ValueError("this optimizer is already bound by kdist; create a new optimizer "
+                             "(or model) per compression setting")
+        states.bind_exchange(optimizer, Exchange(optimizer, options))
+        if options.balance is not None:  # the weights need each replica's batch size
+            keras_internals.wrap_train_step(model, weights.recording_batch_size)
+
+    def after_symbolic_build(self, model, epoch_iterator) -> None:
+        from kdist.balance import fitting
+
+        fitting.after_symbolic_build(model, epoch_iterator)
+
+    def optimizer_built(self, optimizer, variables) -> None:
+        from kdist.training.state import exchange_of
+
+        exchange = exchange_of(optimizer)
+        if exchange is not None:
+            exchange.create_state(variables)
+
+    def apply_gradients(self, optimizer, grads_and_vars, original, kwargs):
+        from kdist.ps import sync
+
+        into = sync.capturing_into(optimizer)
+        if into is None:
+            return original(optimizer, grads_and_vars, **kwargs)
+        into.extend(grads_and_vars)  # the gradient goes to the ps (kdist.ps.sync)
+        return None
+
+    def exchange_gradients(self, optimizer, grads_and_vars, original):
+        import tensorflow as tf
+
+        from kdist.exchange import plain_sum
+        from kdist.exchange.comm import tcp_ring
+        from kdist.layers import placement
+        from kdist.ps import sync
+        from kdist.training.state import exchange_of
+
+        if sync.applying(optimizer):  # one replica per worker: nothing to exchange
+            return list(grads_and_vars)
+        context = tf.distribute.get_replica_context()
+        if context is None:
+            return original(optimizer, grads_and_vars)
+        exchange = exchange_of(optimizer)
+        if exchange is not None:
+            return exchange.exchange(grads_and_vars, context)
+        if tcp_ring(context.strategy) is not None or placement.own_group_devices(
+                [v for _, v in grads_and_vars], context.strategy):
+            return plain_sum(grads_and_vars, context, optimizer.iterations)
+        return original(optimizer, grads_and_vars)
+
+    def update_step(self, optimizer, grads, variables, learning_rate, original):
+        from kdist.training.state import exchange_of
+
+        exchange = exchange_of(optimizer)
+        if exchange is None:
+            return original(optimizer, grads, variables, learning_rate)
+        return exchange.update_step(grads, variables, learning_rate, original)
+
+    def apply_weight_decay(self, optimizer, variables, original):
+        from kdist.training.state import exchange_of
+
+        exchange = exchange_of(optimizer)
+        if exchange is None:
+            return original(optimizer, variables)
+        return exchange.apply_weight_decay(variables, original)
+
+    def slot_device(self, optimizer, reference_variable):
+        from kdist.layers import placement
+
+        return placement.slot_device(reference_variable)
+
+    def backup_class(self):
+        from kdist.callbacks import BackupAndRestore
+
+        return BackupAndRestore

@@ -1,0 +1,418 @@
+"""The seam to Keras and TensorFlow (`kdist.keras_seam`): the only package that imports their
+internals, reads their private attributes or replaces their methods; one registry of patches,
+composed in one order, each removable alone; the generated page that lists them; the tested range
+said at import; one frozen options object per scope."""
+
+import ast
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import kdist
+from conftest import QUIET_TF, ROOT
+from kdist.keras_seam import classes, page, registry, versions
+from kdist.keras_seam import patches as keras_seam
+from kdist.training.options import TrainingOptions
+
+SEAM = os.path.join("kdist", "keras_seam")
+PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "tensorflow.tsl",
+                   "tensorflow.core", "xla")
+# Documented Python APIs whose names start with an underscore, or attributes of Python's own
+# objects that kdist configures: (file, source) -> why.
+ALLOWED = {
+    ("kdist/ps/serve.py", "os._exit"): "Python's documented exit without cleanup",
+    ("kdist/__init__.py", "_logger.propagate"): "configuring the standard library's logger",
+    ("kdist/ps/training.py", "model.stop_training"):
+        "Keras's documented callback protocol: a fit loop resets it, EarlyStopping sets it",
+}
+
+
+def keras_and_tf_attribute_names() -> set[str]:
+    """Every attribute name of the Keras and TensorFlow objects kdist's features handle: a
+    feature that assigns one of them on another object is replacing Keras's or TF's."""
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    owners = [keras.Model, keras.layers.Layer, keras.optimizers.Optimizer, keras.callbacks.Callback,
+              keras.Variable, keras.metrics.Metric, tf.distribute.Strategy,
+              tf.distribute.StrategyExtended, tf.Variable,
+              tf.distribute.cluster_resolver.ClusterResolver,
+              # instance attributes too (set in __init__, not on the class)
+              model, model.optimizer, model.layers[0], keras.callbacks.BackupAndRestore("unused"),
+              tf.distribute.get_strategy(), tf.distribute.get_strategy().extended]
+    return {name for owner in owners for name in dir(owner)}
+
+
+def _imported(node) -> list[str]:
+    if isinstance(node, ast.Import):
+        return [alias.name for alias in node.names]
+    if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+        return [node.module]
+    if isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module") and \
+            node.args and isinstance(node.args[0], ast.Constant):
+        return [str(node.args[0].value)]
+    return []
+
+
+def _is_self(node) -> bool:
+    return isinstance(node, ast.Name) and node.id in ("self", "cls")
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _foreign_base(cls: ast.ClassDef, local: set[str]) -> bool:
+    """Whether `cls` derives from a class defined outside this file (Keras's, TF's)."""
+    return any(not (isinstance(base, ast.Name) and base.id in local) for base in cls.bases)
+
+
+def violations(path: str, source: str, protected: set[str]) -> list[str]:
+    """What `source` (the file at `path`, outside the seam) does that only the seam may do."""
+    tree = ast.parse(source)
+    found = []
+
+    def report(node, what):
+        text = ast.unparse(node)
+        if (path, text) not in ALLOWED:
+            found.append(f"{path}:{node.lineno}: {what}: {text[:80]}")
+
+    local_classes = {n.name for n in ast.walk(tree) if isinstance(n, ast.ClassDef)}
+    for node in ast.walk(tree):
+        for module in _imported(node):
+            if module.startswith(PRIVATE_MODULES) or module.startswith("tensorflow.__internal__"):
+                report(node, f"imports the private module {module}")
+        if isinstance(node, ast.Attribute) and _private(node.attr) and not _is_self(node.value):
+            report(node, "uses a private attribute")
+        if isinstance(node, ast.Attribute) and node.attr == "__internal__":
+            report(node, "uses tf.__internal__")
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in (
+                "setattr", "delattr", "object.__setattr__", "object.__delattr__") and \
+                not (node.args and _is_self(node.args[0])):
+            report(node, "replaces an attribute of another object")
+        targets = node.targets if isinstance(node, (ast.Assign, ast.Delete)) else \
+            [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            for part in ast.walk(target):
+                if isinstance(part, ast.Attribute) and not _is_self(part.value) and \
+                        (_private(part.attr) or part.attr in protected or part.attr == "__class__"):
+                    report(part, "replaces an attribute of another object")
+    # A subclass of a Keras class reading a private attribute it did not set: Keras's own.
+    for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+        if not _foreign_base(cls, local_classes):
+            continue
+        own = {n.name for n in ast.walk(cls) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        own |= {t.attr for n in ast.walk(cls) if isinstance(n, (ast.Assign, ast.AugAssign,
+                                                                 ast.AnnAssign))
+                for target in (n.targets if isinstance(n, ast.Assign) else [n.target])
+                for t in ast.walk(target) if isinstance(t, ast.Attribute) and _is_self(t.value)}
+        for node in ast.walk(cls):
+            if isinstance(node, ast.Attribute) and _is_self(node.value) and \
+                    _private(node.attr) and node.attr not in own:
+                report(node, f"reads {cls.name}'s inherited private attribute")
+    return found
+
+
+def feature_files() -> list[str]:
+    files = []
+    for top in ("kdist", "strategies"):
+        for directory, _, names in os.walk(os.path.join(ROOT, top)):
+            relative = os.path.relpath(directory, ROOT)
+            if relative.startswith(SEAM) or "__pycache__" in relative:
+                continue
+            files += [os.path.join(relative, n) for n in names if n.endswith(".py")]
+    return sorted(files)
+
+
+def test_no_module_outside_the_seam_touches_keras_or_tf_internals():
+    protected = keras_and_tf_attribute_names()
+    files = feature_files()
+    assert len(files) > 50 and "kdist/exchange/pipeline.py" in files
+    found = [v for f in files for v in violations(f, open(os.path.join(ROOT, f)).read(), protected)]
+    assert found == [], "\n".join(found)
+
+
+@pytest.mark.parametrize("line", [
+    "from keras.src import tree",
+    "import keras.src.backend.tensorflow.trainer as t",
+    "from tensorflow.python.eager import context",
+    "importlib.import_module('keras.src.trainers.trainer')",
+    "tf.__internal__.distribute.interim.maybe_merge_call(f, s)",
+    "step = model._initial_epoch",
+    "model.train_function = fast_path",
+    "optimizer.apply_gradients = capture",
+    "setattr(keras.Model, 'fit', fit)",
+    "callback.__class__ = Mine",
+    "del optimizer._all_reduce_sum_gradients",
+    "class Mine(keras.callbacks.BackupAndRestore):\n    def f(self):\n        return self._weights_path",
+])
+def test_the_check_fails_when_a_feature_module_does_what_only_the_seam_may(line):
+    found = violations("kdist/exchange/pipeline.py", line, keras_and_tf_attribute_names())
+    assert found, line
+    # and the real file, with that line added, fails the check too
+    real = open(os.path.join(ROOT, "kdist", "exchange", "pipeline.py")).read()
+    assert violations("kdist/exchange/pipeline.py", real + "\n" + line + "\n",
+                      keras_and_tf_attribute_names())
+
+
+def _class_key(cls) -> str:
+    """A class by name and identity (Keras exports several classes as keras.src.backend.Variable)."""
+    return f"{cls.__module__}.{cls.__qualname__}@{id(cls):x}"
+
+
+def test_every_replaced_keras_or_tf_attribute_is_a_registered_patch(tmp_path):
+    """At run time too: after kdist trains (compression, balance, a model-parallel layer, the
+    stock BackupAndRestore), what differs from Keras and TF as shipped is exactly the targets of
+    the active patches."""
+    def snapshot():
+        """(owner, name) -> id of every function and class member of Keras and TensorFlow."""
+        seen, classes_seen = {}, {}
+        for name, module in list(sys.modules.items()):
+            if not name.startswith(("keras", "tensorflow")) or module is None:
+                continue
+            for attribute, value in list(vars(module).items()):
+                if isinstance(value, type):
+                    classes_seen[id(value)] = value
+                elif callable(value):
+                    seen[(name, attribute)] = id(value)
+        for cls in classes_seen.values():
+            seen[(_class_key(cls), None)] = 0  # the class existed, even with no method of its own
+            for key, member in list(vars(cls).items()):
+                if callable(member) or isinstance(member, (staticmethod, classmethod, property)):
+                    seen[(_class_key(cls), key)] = id(member)
+        return seen
+
+    keras_seam.uninstall()
+    shipped = snapshot()
+    with kdist.scope(compression="fp16", aggregate_every=2):
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
+                                  kdist.layers.ModelParallelDense(2, devices=["/cpu:0"] * 2)])
+        model.compile("adam", "mse")
+    model.fit(np.ones((16, 4)), np.ones((16, 2)), batch_size=4, verbose=0,
+              callbacks=[keras.callbacks.BackupAndRestore(str(tmp_path / "backup"))])
+    owners = {owner for owner, _ in shipped}  # a member added to a class that existed counts
+    changed = {key for key, value in snapshot().items()
+               if key[0] in owners and shipped.get(key) != value}
+    expected = set()
+    for patch in keras_seam.PATCHES:
+        if patch.active:
+            for target in patch.targets:
+                owner = target.resolve()
+                module = owner.__name__ if isinstance(owner, type(sys)) else _class_key(owner)
+                expected.add((module, target.attribute))
+    assert changed == expected
+
+
+def _chain(method) -> list[str]:
+    """The functions a composed method calls, outermost first (each kdist layer wraps the next)."""
+    names = []
+    while method is not None:
+        names.append(os.path.basename(method.__code__.co_filename))
+        method = getattr(method, "__wrapped__", None) if "keras_seam" in names[-1] or \
+            names[-1] in ("hook_points.py", "fixes.py") else None
+    return names
+
+
+def test_patches_compose_in_registry_order_whatever_the_install_order():
+    """`_maybe_symbolic_build` has a fix and a hook: the fix is always innermost, and removing it
+    leaves the hook (no install-order dependence, no lost wrapper)."""
+    trainer = classes.resolve("Trainer")
+    fix, hook = keras_seam.patch("symbolic_build_without_collective"), \
+        keras_seam.patch("after_symbolic_build")
+    keras_seam.uninstall()
+    shipped = trainer._maybe_symbolic_build
+    try:
+        for order in ((fix, hook), (hook, fix)):
+            keras_seam.uninstall()
+            for patch in order:
+                patch.install()
+            assert _chain(trainer._maybe_symbolic_build) == ["hook_points.py", "fixes.py",
+                                                             "trainer.py"]
+        fix.uninstall()
+        assert _chain(trainer._maybe_symbolic_build) == ["hook_points.py", "trainer.py"]
+        hook.uninstall()
+        assert trainer._maybe_symbolic_build is shipped
+    finally:
+        keras_seam.install()
+
+
+def test_uninstall_restores_keras_exactly():
+    owners = [(classes.resolve("trainer module"), "reduce_per_replica"),
+              (classes.resolve("Trainer"), "fit"), (classes.resolve("Trainer"), "_make_function"),
+              (classes.resolve("TFOptimizer"), "_all_reduce_sum_gradients"),
+              (classes.resolve("BaseTrainer"), "compile"),
+              (keras.callbacks.ModelCheckpoint, "_save_model")]
+    keras_seam.uninstall()
+    shipped = [getattr(owner, name) for owner, name in owners]
+    keras_seam.install()
+    patched = [getattr(owner, name) for owner, name in owners]
+    assert all("kdist" in f.__code__.co_filename for f in patched)
+    keras_seam.uninstall()
+    assert [getattr(owner, name) for owner, name in owners] == shipped
+    keras_seam.install()
+
+
+def test_loaded_models_are_still_compiled_with_the_patches_installed(tmp_path):
+    """Regression: patching compile on a subclass made Keras treat it as custom and skip
+    compiling models in load_model."""
+    with kdist.scope(compression=kdist.compression.FP16()):
+        model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
+        model.compile("adam", "mse")
+    model.fit(np.ones((4, 3)), np.ones((4, 2)), verbose=0)
+    model.save(tmp_path / "m.keras")
+    loaded = keras.saving.load_model(tmp_path / "m.keras")
+    assert loaded.compiled and loaded.optimizer.__class__.__name__ == "Adam"
+
+
+def test_fixes_are_gated_on_the_versions_they_target_and_hooks_apply_everywhere():
+    for patch in keras_seam.PATCHES:
+        assert patch.why and patch.upstream and patch.targets
+        if patch.kind == registry.HOOK:
+            assert patch.applies(keras.__version__, tf.__version__)
+            continue
+        # on the running stack: installed, or known not needed (fixed upstream / not yet broken)
+        assert patch.applies(keras.__version__, tf.__version__) != \
+            patch.not_needed(keras.__version__)
+        assert not patch.applies("3.17.0", "2.21.0")
+        assert not patch.applies("3.15.1", "2.23.0")
+        assert not patch.applies("2.15.0", "2.21.0")
+    assert keras_seam.patch("loss_scaled_per_replica").applies("3.7.0", "2.17.1")
+    assert keras_seam.patch("loss_scaled_per_replica").not_needed("3.8.0")  # keras#20609
+    assert keras_seam.patch("metric_variables_synced_on_read").applies("3.9.2", "2.19.1")
+    assert keras_seam.patch("metric_variables_synced_on_read").not_needed("3.10.0")  # keras#21072
+    assert keras_seam.patch("steps_per_execution_under_mirrored").not_needed("3.6.0")
+
+
+def assign_add_op_types():
+    variable = keras.Variable(0.0, name="counter")
+
+    @tf.function
+    def increment():
+        variable.assign_add(1.0)
+
+    return {op.type for op in increment.get_concrete_function().graph.get_operations()}
+
+
+def test_upstream_assign_add_is_a_read_modify_write_and_kdist_makes_it_atomic(monkeypatch):
+    """Regression evidence for atomic_assign_under_parameter_server: Keras 3's assign_add reads,
+    adds and assigns (concurrent PS workers lose updates); kdist's patch emits the variable's own
+    AssignAddVariableOp, which the ps applies atomically. When upstream emits it, drop the patch."""
+    from kdist.keras_seam import fixes
+
+    patch = keras_seam.patch("atomic_assign_under_parameter_server")
+    patch.uninstall()
+    try:
+        upstream = assign_add_op_types()
+    finally:
+        patch.install()
+    assert {"ReadVariableOp", "AssignVariableOp"} <= upstream
+    assert "AssignAddVariableOp" not in upstream
+    monkeypatch.setattr(fixes, "is_parameter_server", lambda strategy: True)  # as under PSS
+    assert "AssignAddVariableOp" in assign_add_op_types()
+
+
+def test_the_patches_page_is_generated_from_the_registry():
+    committed = open(os.path.join(ROOT, "docs", "patches.md"), encoding="utf-8").read()
+    assert committed == page.render(), "run: python -m kdist.keras_seam.page > docs/patches.md"
+    for patch in keras_seam.PATCHES:
+        assert f"| `{patch.name}` | {patch.kind} |" in committed
+
+
+def test_the_trainer_is_found_by_what_exists_not_by_name():
+    """Keras 3.16 renamed TensorFlowTrainer to Trainer: the seam finds it in keras.Model's
+    hierarchy by its module, and a Keras without one gets kdist's message, not an AttributeError."""
+    assert classes.resolve("Trainer") in keras.Model.__mro__
+    assert classes.resolve("Trainer").__module__ == "keras.src.backend.tensorflow.trainer"
+    assert classes.resolve("BaseTrainer") in keras.Model.__mro__
+    with pytest.raises(classes.SeamError, match="kdist cannot find the class of keras.src.nowhere"):
+        classes._in_hierarchy(keras.Model, "keras.src.nowhere")
+
+
+def _fake_distribution(folder, name: str, version: str) -> None:
+    info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+
+
+@pytest.mark.parametrize("name,version,said", [
+    ("keras", "3.17.0", "Keras 3.17.0 is outside the range kdist is tested with (Keras 3.5-3.16, "
+                        "TensorFlow 2.17-2.22)"),
+    ("keras", "3.4.1", "Keras 3.4.1 is outside the range"),
+    ("tensorflow", "2.23.0", "TensorFlow 2.23.0 is outside the range"),
+    ("keras", "3.15.1", None)])
+def test_import_says_in_one_line_when_keras_or_tf_is_outside_the_tested_range(tmp_path, name,
+                                                                              version, said):
+    _fake_distribution(tmp_path, name, version)
+    result = subprocess.run([sys.executable, "-c", "import kdist"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, **QUIET_TF,
+                                             "PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    lines = [line for line in result.stderr.splitlines() if "outside the range" in line]
+    if said is None:
+        assert lines == []
+    else:
+        assert len(lines) == 1 and said in lines[0] and "kdist doctor" in lines[0], lines
+
+
+def test_keras_nightly_is_read_as_keras():
+    assert "keras-nightly" in versions.KERAS_DISTRIBUTIONS
+    assert versions.version("3.16.0.dev2026102704") == (3, 16, 0)
+    assert versions.in_range("3.16.0.dev2026102704", versions.KERAS_RANGE)
+    assert versions.in_range("2.22.0rc0", versions.TF_RANGE)
+
+
+# ------------------------------------------------------------------ one frozen options object
+@pytest.mark.parametrize("given,expected", [
+    ({"compression": "fp16"}, "FP16"), ({"compression": "bf16"}, "BF16"),
+    ({"compression": "powersgd:4"}, "PowerSGD"), ({"compression": "topk:0.01"}, "TopK"),
+    ({"compression": kdist.compression.PowerSGD(rank=2)}, "PowerSGD"),
+    ({"compression": "none"}, "NoneType"), ({"compression": kdist.compression.NoCompression()},
+                                             "NoneType")])
+def test_compression_is_a_name_or_an_object(given, expected):
+    options = TrainingOptions.parse(**given)
+    assert type(options.compression).__name__ == expected
+
+
+def test_training_options_are_frozen_and_bound_once_per_model():
+    options = TrainingOptions.parse(compression="powersgd:2", balance=None, ps_sync="async")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        options.aggregate_every = 3
+    from kdist.training import state
+
+    with kdist.scope(compression="powersgd:2") as strategy:
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16)])
+        model.compile("sgd", "mse")
+    outside = keras.Sequential([keras.Input((16,)), keras.layers.Dense(16)])
+    outside.compile("sgd", "mse")
+    assert state.of(model).options == options and state.of(outside).options == TrainingOptions()
+    assert state.exchange_of(model) is not None and state.exchange_of(outside) is None
+    assert state.exchange_of(model).compressor is not state.of(model).options.compression  # a copy
+    assert strategy is kdist.current_strategy()
+
+
+@pytest.mark.parametrize("arguments,words", [
+    ({"ps_sync": "ksync:2"}, "ps_sync: 'ksync:2' is for ParameterServerStrategy"),
+    ({"balance": [1, 2]}, "balance: [1, 2] gives 2 shares for 1 replica"),
+    ({"balance": "measure", "aggregate_every": 2}, "balance: given with aggregate_every > 1"),
+])
+def test_training_options_are_validated_once_against_the_strategy(arguments, words):
+    with pytest.raises(ValueError, match=words.replace("[", r"\[").replace("]", r"\]")):
+        with kdist.scope(**arguments):
+            pass
+
+
+def test_the_scope_options_reach_compile_through_one_context_variable():
+    from kdist.training import options as training_options
+
+    assert training_options.active() == TrainingOptions()
+    with kdist.scope(compression="bf16", aggregate_every=3):
+        assert training_options.active() == TrainingOptions.parse(compression="bf16",
+                                                                  aggregate_every=3)
+    assert training_options.active() == TrainingOptions()
