@@ -1,12 +1,13 @@
 """Multi-worker-safe callbacks: Keras's own, fixed, and a `BackupAndRestore` that does more.
 
 Keras 3's file-writing callbacks write from every worker to the same path. kdist fixes the stock
-classes themselves (`kdist.keras_compat.callbacks`), so the user's `keras.callbacks.ModelCheckpoint`,
+classes themselves (`kdist.keras_seam.callbacks`), so the user's `keras.callbacks.ModelCheckpoint`,
 `TensorBoard`, `CSVLogger` and `BackupAndRestore` work unchanged under a multi-worker strategy:
 the chief writes the user's path, the other workers save into a private temporary directory that is
 deleted right after. `kdist.callbacks.ModelCheckpoint` and `TensorBoard` are those same classes.
-`kdist.callbacks.BackupAndRestore` adds step-level resume and checkpoint-on-preemption; once kdist
-is active (`kdist.scope()`), `keras.callbacks.BackupAndRestore(...)` builds it too.
+`kdist.callbacks.BackupAndRestore` adds verified backups (`kdist.backup`), step-level and elastic
+resume and checkpoint-on-preemption; once kdist is imported, `keras.callbacks.BackupAndRestore(...)`
+builds it too.
 
 >>> import kdist, keras
 >>> kdist.callbacks.ModelCheckpoint is keras.callbacks.ModelCheckpoint
@@ -18,20 +19,21 @@ True
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
 
 import keras
 
-from kdist import elastic, exit_codes, keras_compat
+from kdist import backup, elastic, exit_codes
 from kdist.barriers import barrier
-from kdist.keras_compat import internals, registry
-from kdist.keras_compat.callbacks import BACKUP_PATHS, cluster_of_model, private_paths
+from kdist.keras_seam import keras_internals, patches
+from kdist.keras_seam.callbacks import cluster_of_model, is_chief, private_paths
 from kdist.preemption import PreemptionNotice
+from kdist.training import state as states
+from kdist.validators import UsageError
 
-keras_compat.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
+patches.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
 
 EXIT_PREEMPTED = exit_codes.PREEMPTED
 ModelCheckpoint = keras.callbacks.ModelCheckpoint
@@ -49,11 +51,18 @@ class Preempted(SystemExit):
 
 
 class BackupAndRestore(keras.callbacks.BackupAndRestore):
-    """`keras.callbacks.BackupAndRestore` with multi-worker semantics, step-level resume and
-    checkpoint-on-preemption.
+    """`keras.callbacks.BackupAndRestore` with backups that cannot lie, multi-worker semantics,
+    step-level and elastic resume, and checkpoint-on-preemption.
 
+    - Every save is one atomic, self-describing unit (`kdist.backup`): a new generation of
+      `backup_dir`, renamed into place once complete, with a manifest of its files' SHA-256, the
+      model's architecture, the position and the world. A restore verifies all of it first; a
+      damaged newest generation falls back to the previous one (the last two are kept, as Keras's
+      ``double_checkpoint=True`` keeps them, whatever `double_checkpoint` says) with a warning
+      naming both; anything else that cannot be restored as saved stops with `kdist.backup.
+      BackupError`, naming the path, what is wrong and the fix.
     - The chief owns `backup_dir`; every worker restores from it (so all resume from one state);
-      only the chief deletes it at the end.
+      only the chief writes it, and deletes it at the end (`delete_checkpoint`).
     - With ``save_freq=N`` (steps), a restarted `fit` resumes at the saved epoch *and step*: the
       steps already trained in that epoch are skipped (their batches are read and dropped), so at
       most N steps are redone. Keras 3 itself restarts the whole epoch.
@@ -63,65 +72,69 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
       compression state (PowerSGD and TopK residuals, TopK momentum) is saved as its mean over the
       replicas and every new replica starts from it: the mean, which is what enters the averaged
       gradient, is unchanged. PowerSGD's Q is the same on every replica and carries over as is.
-    - Files are written under temporary names and renamed, so a task killed mid-save leaves the
-      previous backup intact (`backup_dir` is a local or mounted filesystem: the rename is POSIX).
     - ``save_before_preemption=True``: on SIGTERM (a Kubernetes eviction, `kdist launch` stopping
       the job), every worker agrees at the next step boundary, the backup is saved and `fit` raises
       `Preempted`, exiting the process with code 75. Under MultiWorkerMirrored the notice and the
       step to save at go through TF's coordination service (`kdist.preemption`): a step pays one
       integer comparison, and the save comes at most 2 steps after the signal.
 
+    `restored` is the `kdist.backup.Unit` the last `fit` resumed from (None: it started afresh).
+
     >>> import kdist
     >>> backup = kdist.callbacks.BackupAndRestore("backup", save_freq=50,
     ...                                           save_before_preemption=True)
     """
 
-    _PATHS = BACKUP_PATHS
-
     def __init__(self, backup_dir, save_freq="epoch", double_checkpoint=False,
                  delete_checkpoint=True, save_before_preemption=False):
-        has_double_checkpoint = internals.for_running_keras(internals.BACKUP_HAS_DOUBLE_CHECKPOINT)
-        if double_checkpoint and not has_double_checkpoint:
-            raise ValueError(f"double_checkpoint=True needs Keras >= 3.7 (this is Keras "
-                             f"{keras.__version__}): upgrade Keras or drop double_checkpoint")
-        super().__init__(backup_dir, save_freq=save_freq, delete_checkpoint=delete_checkpoint,
-                         **({"double_checkpoint": True} if double_checkpoint else {}))
+        keras.callbacks.Callback.__init__(self)  # kdist's own format: none of Keras's files
+        if not backup_dir:
+            raise UsageError("backup_dir", f"{backup_dir!r} is empty",
+                             "give a directory every worker can read (a mounted volume in a "
+                             "cluster)")
+        if save_freq != "epoch" and (isinstance(save_freq, bool) or not isinstance(save_freq, int)
+                                     or save_freq < 1):
+            raise UsageError("save_freq", f"{save_freq!r} is neither 'epoch' nor a number of steps",
+                             "use 'epoch' or a positive number of steps")
+        self.backup_dir = os.fspath(backup_dir)
+        self.save_freq = save_freq
         self.double_checkpoint = double_checkpoint
-        if isinstance(save_freq, bool) or (isinstance(save_freq, int) and save_freq < 1):
-            raise ValueError(f"save_freq={save_freq!r}: use 'epoch' or a positive number of steps")
+        self.delete_checkpoint = delete_checkpoint
         self.save_before_preemption = save_before_preemption
+        self.restored = None
         self._epoch = self._step = 0
-        self._last_saved = None
+        self._last_step = self._since_save = 0  # steps_per_execution: several steps per batch end
+        self._last_saved = None  # (epoch, step) of this fit's last save
+        self._latest = None  # the generation it wrote (the chief's)
         self._resume_at = (0, 0)
         self._sigterm = None
         self._shape = elastic.Shape(None, 1, 1)
 
     # ------------------------------------------------------------------ restore
     def on_train_begin(self, logs=None):
-        super().on_train_begin(logs)  # weights and the epoch (Keras)
-        x, y, sample_weight, batch_size = getattr(self.model, "_kdist_fit_input", None) or \
-            (None,) * 4  # set by kdist's fit (kdist.fit_dispatch)
+        model = self.model
+        x, y, sample_weight, batch_size = states.of(model).fit_input or (None,) * 4
         self._shape = elastic.Shape(elastic.global_batch_of(x, batch_size),
-                                    self.model.distribute_strategy.num_replicas_in_sync,
-                                    cluster_of_model(self.model).num_workers)
-        splittable = self.model.steps_per_execution == 1 and elastic.readable_by_position(
+                                    model.distribute_strategy.num_replicas_in_sync,
+                                    cluster_of_model(model).num_workers)
+        self.restored = backup.latest(self.backup_dir, model)
+        saved = {}
+        if self.restored is not None:
+            self.restored.restore(model)
+            keras_internals.set_initial_epoch(model, self.restored.manifest["epoch"])
+            saved = self.restored.metadata
+        splittable = model.steps_per_execution == 1 and elastic.readable_by_position(
             x, y, sample_weight, self._shape.global_batch)
-        plan = self._resume_plan(self._saved_metadata(), splittable)
-        self._resume_at = (self.model._initial_epoch or 0, plan.step)
+        plan = self._resume_plan(saved, splittable)
+        self._resume_at = (keras_internals.initial_epoch(model) or 0, plan.step)
         if plan.step or plan.partial:
-            _skip_steps(self.model, plan.step, self._partial_batch(plan, x, y, sample_weight))
+            _skip_steps(model, plan.step, self._partial_batch(plan, x, y, sample_weight))
         if self.save_before_preemption:
-            self._sigterm = PreemptionNotice(cluster_of_model(self.model))
-
-    def _saved_metadata(self) -> dict:
-        if not os.path.exists(self._training_metadata_path):
-            return {}
-        with open(self._training_metadata_path, encoding="utf-8") as f:
-            return json.load(f)
+            self._sigterm = PreemptionNotice(cluster_of_model(model))
 
     def _resume_plan(self, saved: dict, splittable: bool) -> elastic.ResumePlan:
         plan = elastic.resume_plan(saved, self._shape, can_split_a_batch=splittable)
-        if plan.message and cluster_of_model(self.model).is_chief:
+        if plan.message and is_chief(self):
             print(plan.message, file=sys.stderr, flush=True)
         return plan
 
@@ -136,20 +149,24 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     # ------------------------------------------------------------------ save
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._last_step = 0
 
     def on_train_batch_end(self, batch, logs=None):
         self._step = batch + 1
         preempted = self._sigterm is not None and self._sigterm.step_done()
         if (self._epoch, self._step) <= self._resume_at:  # a skipped step: already in the backup
-            self._last_batch_seen, self._batches_seen_since_last_saving = batch, 0
+            self._last_step, self._since_save = self._step, 0
             return
-        super().on_train_batch_end(batch, logs)  # saves every save_freq steps
+        self._since_save += self._step - self._last_step
+        self._last_step = self._step
+        if self.save_freq != "epoch" and self._since_save >= self.save_freq:
+            self._save()
         if preempted:
             self._save_and_exit()
 
     def _save_and_exit(self):
         if self._last_saved != (self._epoch, self._step):
-            self._save_model()
+            self._save()
         message = (f"kdist: SIGTERM: saved the backup at epoch {self._epoch} step {self._step} "
                    f"in {self.backup_dir}; exiting with {EXIT_PREEMPTED} (restartable)")
         print(message, file=sys.stderr, flush=True)
@@ -159,40 +176,32 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     def on_epoch_end(self, epoch, logs=None):
         saved_at_last_step = self._last_saved == (epoch, self._step)
         self._epoch, self._step = epoch + 1, 0
-        super().on_epoch_end(epoch, logs)  # saves when save_freq="epoch"
-        if saved_at_last_step:  # the backup holds the whole epoch: resume at the next one
-            with private_paths(self, self.backup_dir, self._PATHS):
-                self._write_metadata()
+        if self.save_freq == "epoch":
+            self._save()
+        elif saved_at_last_step and self._latest is not None:
+            # The backup holds the whole epoch: resume at the next one.
+            backup.update_position(self._latest, self._epoch, 0)
 
-    def _save_model(self):
+    def _save(self):
         _finish_scheduled_steps(self.model)
-        with private_paths(self, self.backup_dir, self._PATHS):
-            os.makedirs(self.backup_dir, exist_ok=True)
-            if self.double_checkpoint:
-                for path in (self._weights_path, self._training_metadata_path):
-                    if os.path.exists(path):
-                        shutil.copyfile(path, f"{path}.bkp")
-            incoming = os.path.join(self.backup_dir, "incoming.weights.h5")
-            self.model.save_weights(incoming, overwrite=True)
-            os.replace(incoming, self._weights_path)
-            self._write_metadata()
+        metadata = {"epoch": self._epoch, "step": self._step,
+                    "examples": None if self._shape.global_batch is None
+                    else self._step * self._shape.global_batch, **self._shape.as_metadata()}
+        # Every worker saves (any collective inside matches), off the chief into a private
+        # directory deleted right after.
+        with private_paths(self, self.backup_dir, ()) as directory:
+            written = backup.write(directory, self.model, metadata)
+        self._latest = written if is_chief(self) else None
         self._last_saved = (self._epoch, self._step)
-
-    def _write_metadata(self):
-        incoming = self._training_metadata_path + ".incoming"
-        with open(incoming, "w", encoding="utf-8") as f:
-            examples = None if self._shape.global_batch is None \
-                else self._step * self._shape.global_batch
-            json.dump({"epoch": self._epoch, "step": self._step, "examples": examples,
-                       **self._shape.as_metadata()}, f)
-        os.replace(incoming, self._training_metadata_path)
+        self._since_save = 0
 
     def on_train_end(self, logs=None):
         if self._sigterm is not None and self._sigterm.pending:  # too late: fit has finished
             print("kdist: SIGTERM arrived in the last steps of fit; training completed, the "
                   "program goes on", file=sys.stderr, flush=True)
         self._close_sigterm()
-        super().on_train_end(logs)  # Keras's, made chief-only by kdist.keras_compat.callbacks
+        if self.delete_checkpoint and is_chief(self):
+            shutil.rmtree(self.backup_dir, ignore_errors=True)
         # Every worker returns from fit once the chief has deleted the backup: a next fit with
         # the same backup_dir cannot restore the backup the chief is deleting.
         barrier(self.model.distribute_strategy)
@@ -209,9 +218,9 @@ def _finish_scheduled_steps(model) -> None:
     from kdist.strategies import is_parameter_server
 
     if is_parameter_server(model.distribute_strategy):
-        from kdist.ps import training
+        from kdist.ps.coordinator import join_scheduled
 
-        training.join_scheduled(model.distribute_strategy)
+        join_scheduled(model.distribute_strategy)
 
 
 def _skip_steps(model, steps: int, partial=None) -> None:
@@ -220,53 +229,25 @@ def _skip_steps(model, steps: int, partial=None) -> None:
     trains on `partial` instead: the rest of the batch that holds the saved position.
 
     Keras's fit loop calls `model.train_function(iterator)` once per `steps_per_execution` steps;
-    kdist's parameter-server fit reads `model._kdist_initial_step` instead.
+    kdist's parameter-server fit reads the model state's `initial_step` instead.
     """
-    model._kdist_initial_step = steps
-    train = getattr(model.train_function, "_kdist_wrapped", model.train_function)
+    state = states.of(model)
+    state.initial_step = steps
+    train = model.train_function
     if train is None:  # parameter-server training: kdist's own fit loop skips
         return
     per_call = model.steps_per_execution
 
     def skip_then_train(iterator):
-        if model._kdist_initial_step <= 0:
-            model.train_function = train
+        if state.initial_step <= 0:
+            keras_internals.set_train_function(model, train)
             if partial is None:
                 return train(iterator)
             next(iterator)  # the batch holding the saved position, whose rest `partial` holds
             return train(iter(partial))
         for _ in range(per_call):
             next(iterator)
-        model._kdist_initial_step -= per_call
+        state.initial_step -= per_call
         return {}
 
-    skip_then_train._kdist_wrapped = train
-    model.train_function = skip_then_train
-
-
-def _as_kdist_backup(original):
-    """`keras.callbacks.BackupAndRestore(...)` becomes a `kdist.callbacks.BackupAndRestore`."""
-    def __init__(self, *args, **kwargs):
-        if type(self) is keras.callbacks.BackupAndRestore:
-            self.__class__ = BackupAndRestore  # a subclass: isinstance checks still hold
-            return BackupAndRestore.__init__(self, *args, **kwargs)
-        return original(self, *args, **kwargs)
-
-    return __init__
-
-
-_installed: list = []
-
-
-def install() -> None:
-    """Gives the stock `keras.callbacks.BackupAndRestore` kdist's behaviour (step-level resume,
-    and checkpoint-on-SIGTERM with ``save_before_preemption=True``): constructing it returns this
-    module's subclass, so `isinstance` checks and the user's code are unchanged."""
-    if not _installed:
-        _installed.append(registry.replace(keras.callbacks.BackupAndRestore, "__init__",
-                                           _as_kdist_backup))
-
-
-def uninstall() -> None:
-    registry.undo(_installed)
-    _installed.clear()
+    keras_internals.set_train_function(model, skip_then_train)

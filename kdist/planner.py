@@ -35,25 +35,34 @@ from kdist.validators import UsageError
 
 _BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
+_NUMBER = r"((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"  # ASCII digits only
 
 
 def parse_bandwidth(text: str) -> float:
-    """``"1Gbit"``, ``"100mbit"``, ``"10gbit/s"`` -> bits per second."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]+?)(/s|ps)?\s*", text or "")
+    """``"1Gbit"``, ``"100mbit"``, ``"10gbit/s"`` -> bits per second.
+
+    >>> parse_bandwidth("1.2.3Gbit")
+    Traceback (most recent call last):
+    ...
+    kdist.validators.UsageError: --bandwidth: '1.2.3Gbit' is not a link speed. Fix: write a positive number and a unit, e.g. 100Mbit, 1Gbit, 10Gbit
+    """
+    match = re.fullmatch(rf"\s*{_NUMBER}\s*([a-zA-Z]+?)(/s|ps)?\s*", text or "")
     unit = match and match.group(2).lower()
-    if not match or unit not in _BITS or float(match.group(1)) <= 0:
+    value = float(match.group(1)) * _BITS[unit] if match and unit in _BITS else math.nan
+    if not (math.isfinite(value) and value > 0):
         raise UsageError("--bandwidth", f"{text!r} is not a link speed",
                          "write a positive number and a unit, e.g. 100Mbit, 1Gbit, 10Gbit")
-    return float(match.group(1)) * _BITS[unit]
+    return value
 
 
 def parse_latency(text: str) -> float:
     """``"50us"``, ``"1ms"`` -> seconds."""
-    match = re.fullmatch(r"\s*([0-9.]+)\s*(s|ms|us|ns)\s*", text or "")
-    if not match:
+    match = re.fullmatch(rf"\s*{_NUMBER}\s*(s|ms|us|ns)\s*", text or "")
+    value = float(match.group(1)) * _SECONDS[match.group(2)] if match else math.nan
+    if not math.isfinite(value):
         raise UsageError("--latency", f"{text!r} is not a duration",
                          "write a number and s, ms, us or ns, e.g. 50us")
-    return float(match.group(1)) * _SECONDS[match.group(2)]
+    return value
 
 
 def parse_compression(text: str | None):
@@ -102,7 +111,34 @@ def load_model_function(spec: str):
     if not callable(getattr(module, function, None)):
         raise UsageError("--model", f"{module_name} has no function {function!r}",
                          "name a function that returns a Keras model")
-    return getattr(module, function)
+    return _checked_model_function(getattr(module, function), spec)
+
+
+def _checked_model_function(function, spec: str):
+    """`function` as a model function whose failures name --model: an exception it raises, or a
+    return value that is not a built Keras model, becomes a `UsageError`."""
+    def model_fn():
+        import keras
+
+        try:
+            model = function()
+        except Exception as err:  # whatever the user's function raises
+            message = str(err).splitlines()[0] if str(err) else "no message"
+            raise UsageError("--model", f"{spec} raised {type(err).__name__}: {message}",
+                             "fix the function so that it returns a Keras model") from None
+        if not isinstance(model, keras.Model):
+            raise UsageError("--model", f"{spec} returned {type(model).__name__}, not a Keras "
+                             "model", "return a keras.Model with its input shape (keras.Input)")
+        try:
+            inputs = model.inputs
+        except (AttributeError, ValueError):  # a subclassed model that was never called
+            inputs = None
+        if not inputs:
+            raise UsageError("--model", f"{spec} returned a model without input shapes",
+                             "build it with keras.Input(shape) (a Sequential or functional model)")
+        return model
+
+    return model_fn
 
 
 # ------------------------------------------------------------------------------- the model

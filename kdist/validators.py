@@ -65,6 +65,16 @@ def non_negative_number(value: Any, name: str) -> float:
     return value
 
 
+def is_digits(text: str) -> bool:
+    """True for a non-empty string of ASCII digits ('²' and '٣' are digits to str.isdigit, not
+    to int()).
+
+    >>> is_digits("8080"), is_digits("\u00b2"), is_digits("")
+    (True, False, False)
+    """
+    return isinstance(text, str) and text.isascii() and text.isdigit()
+
+
 def is_count(value: Any) -> bool:
     """True when `value` is an integer >= 0 (a bool is not)."""
     return _is_int(value) and value >= 0

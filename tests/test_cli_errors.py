@@ -104,6 +104,18 @@ CASES = [
     (["plan", *PLAN, "--host-cost", "nan"], 2, "--host-cost"),
     (["plan", *PLAN, "--base-batch", "0"], 2, "--base-batch"),
     (["plan", *PLAN, "--plot", "/nonexistent/dir/p.png"], 2, "--plot"),
+    (["plan", *PLAN, "--bandwidth", "1.2.3Gbit"], 2, "--bandwidth"),
+    (["plan", *PLAN, "--bandwidth", "1e999Gbit"], 2, "--bandwidth"),
+    (["plan", *PLAN, "--bandwidth", "\u00b2Gbit"], 2, "--bandwidth"),
+    (["plan", *PLAN, "--latency", "1.2.3us"], 2, "--latency"),
+    (["plan", *PLAN, "--latency", "1e999s"], 2, "--latency"),
+    (["plan", *PLAN[:1], "tests/fixtures/bad_models.py:raises", *PLAN[2:]], 2,
+     "--model: tests/fixtures/bad_models.py:raises raised RuntimeError: the data path"),
+    (["plan", *PLAN[:1], "tests/fixtures/bad_models.py:not_a_model", *PLAN[2:]], 2,
+     "returned str, not a Keras model"),
+    (["plan", *PLAN[:1], "tests/fixtures/bad_models.py:no_input_shape", *PLAN[2:]], 2,
+     "without input shapes"),
+    (["tf-config", "--spec", MWMS, "--task", "worker:\u00b2"], 2, "--task"),
 ]
 
 
@@ -144,6 +156,13 @@ LAUNCH_FLAGS = {"--workers": ODD, "--ps": ODD, "--timeout": ODD, "--grace": ODD,
                 "--max-restarts": ODD, "--min-workers": ODD, "--spec": SPECS}
 RENDER_FLAGS = {"--spec": SPECS, "--image": ODD, "--namespace": ODD, "--format": ODD,
                 "--output": OUTPUTS}
+NUMBERS = st.one_of(ODD, st.sampled_from(["1.2.3", "1e999", "1..2", ".5", "5.", "\u00b2", "1_000"]))
+PLAN_FLAGS = {"--bandwidth": NUMBERS.map(lambda n: n + "Gbit"), "--latency": NUMBERS.map(
+    lambda n: n + "us"), "--host-cost": NUMBERS, "--compression": ODD, "--base-batch": ODD,
+    "--replicas": ODD, "--per-replica-batch": ODD,
+    "--model": st.sampled_from(["examples/plan_model.py:nope", "tests/fixtures/bad_models.py:raises",
+                                "tests/fixtures/bad_models.py:not_a_model", "nope:fn", "x.py:f",
+                                "tests/fixtures/bad_models.py:no_input_shape", ":", ""])}
 
 
 def _argv(flags):
@@ -172,6 +191,19 @@ def test_fuzzed_launch_arguments_end_in_a_kdist_error(flags, command, capsys):
     code, output = _main_exit_code(["launch", *flags, *command], capsys)
     assert code in (2, 127), output
     assert "kdist: error:" in output
+
+
+@FUZZ
+@given(flags=_argv(PLAN_FLAGS))
+def test_fuzzed_plan_arguments_end_in_a_kdist_error(flags, capsys, monkeypatch):
+    """Every model these runs name is a bad one, so none measures anything: each ends in one
+    kdist error, whichever flag it names."""
+    monkeypatch.chdir(ROOT)
+    argv = ["plan", *PLAN[2:8], "--host-cost", "0", "--model",
+            "tests/fixtures/bad_models.py:raises", *flags]
+    code, output = _main_exit_code(argv, capsys)
+    assert code == 2, output
+    assert output.count("kdist: error:") == 1 and "Traceback" not in output, output
 
 
 @FUZZ

@@ -45,7 +45,9 @@ BAD_TF_CONFIGS = [
     (json.dumps({"cluster": {"worker": [""]}, "task": {"type": "worker", "index": 0}}),
      "TF_CONFIG.cluster.worker[0]", "empty"),
     (json.dumps({"cluster": {"worker": []}, "task": {"type": "worker", "index": 0}}),
-     "TF_CONFIG.cluster.worker", "non-empty list"),
+     "TF_CONFIG.cluster", "missing or empty while a task is given"),
+    (json.dumps({"cluster": {"worker": [], "ps": ["h:1"]}, "task": {"type": "ps", "index": 0}}),
+     "TF_CONFIG.cluster.worker", "needs a worker"),  # an empty job is no job, as for TF
     (json.dumps({"cluster": {"worker": ["h:0"]}, "task": {"type": "worker", "index": 0}}),
      "TF_CONFIG.cluster.worker[0]", "bad port"),
     (json.dumps({"cluster": {"worker": ["h:70000"]}, "task": {"type": "worker", "index": 0}}),

@@ -4,6 +4,7 @@ checkpoint integrity. Each scenario is bounded by the launcher's --timeout and t
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -143,18 +144,21 @@ def test_twenty_mwms_runs_write_only_the_chiefs_checkpoints_and_every_file_loads
     assert chief == [str(tmp_path / f"run-{i}") for i in range(20)]
     assert not any(path.startswith(str(tmp_path)) or os.path.exists(path) for path in other)
     assert set(glob.glob(os.path.join(tempfile.gettempdir(), "kdist-workertemp-*"))) == before
-    files = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    files = sorted(re.sub(r"generation-\d+", "generation-N", str(p.relative_to(tmp_path)))
+                   for p in tmp_path.rglob("*") if p.is_file())
     expected = sorted([f"run-{i}/{name}" for i in range(20) for name in (
-        "model-1.keras", "model-2.keras", "backup/latest.weights.h5",
-        "backup/training_metadata.json")] + ["writes-worker:0.json", "writes-worker:1.json"])
+        "model-1.keras", "model-2.keras") + ("backup/generation-N/manifest.json",
+                                             "backup/generation-N/model.weights.h5") * 2]
+                      + ["writes-worker:0.json", "writes-worker:1.json"])
     assert files == expected
-    check = run_python(["-c", "import glob, json, sys, keras\n"
+    # Every checkpoint loads, and every backup verifies (its files' SHA-256, the architecture)
+    # and restores into its model.
+    check = run_python(["-c", "import glob, sys, keras\n"
+                        "from kdist import backup\n"
                         "models = sorted(glob.glob(sys.argv[1] + '/run-*/model-*.keras'))\n"
                         "for path in models:\n"
                         "    model = keras.saving.load_model(path)\n"
-                        "    model.load_weights(path.rsplit('/', 1)[0] + '/backup/latest.weights.h5')\n"
-                        "for path in glob.glob(sys.argv[1] + '/run-*/backup/*.json'):\n"
-                        "    json.load(open(path))\n"
+                        "    backup.latest(path.rsplit('/', 1)[0] + '/backup', model).restore(model)\n"
                         "print(len(models))", str(tmp_path)], timeout=120)
     assert check.returncode == 0, check.stderr[-3000:]
     assert check.stdout.strip() == "40"

@@ -42,8 +42,17 @@ MAX_LOCAL_TASKS = 64  # tasks of one local cluster (each a TF process on this ho
 class ClusterSpecError(UsageError):
     """A cluster description that TensorFlow would reject or misread.
 
-    The message names the offending field, what is wrong with it and how to fix it.
+    The message names the offending field, what is wrong with it and how to fix it. `rule` names
+    the case of `kdist.cluster.strictness.STRICTER` when TensorFlow itself would accept it.
     """
+
+    def __init__(self, field: str, problem: str, fix: str, rule: str | None = None):
+        from kdist.cluster.strictness import STRICTER
+
+        if rule is not None and rule not in STRICTER:
+            raise ValueError(f"unknown strictness rule {rule!r}")
+        super().__init__(field, problem, fix)
+        self.rule = rule
 
 
 class ClusterSpec:
@@ -58,8 +67,12 @@ class ClusterSpec:
                  task_index: int | None = None, rpc_layer: str = "grpc",
                  environment: str | None = None, source: str = "TF_CONFIG",
                  from_environment: bool = False):
+        if not isinstance(jobs, Mapping):
+            raise ClusterSpecError(f"{source}.cluster", f"must be an object, got {_kind(jobs)}",
+                                   'use {"worker": ["host:port", ...]}')
+        # A job with no task is no job (as for TensorFlow); anything else is checked just below.
         self.jobs = {job: list(jobs[job]) if isinstance(jobs[job], (list, tuple)) else jobs[job]
-                     for job in JOBS if job in jobs}  # anything else is rejected just below
+                     for job in JOBS if job in jobs and jobs[job] != []}
         self.task_type = task_type
         self.task_index = task_index
         self.rpc_layer = rpc_layer
@@ -80,46 +93,44 @@ class ClusterSpec:
         TensorFlow's `TFConfigClusterResolver` read it.
         """
         if isinstance(config, str):
-            try:
-                config = json.loads(config) if config.strip() else {}
-            except json.JSONDecodeError as err:
-                raise ClusterSpecError(source, f"not valid JSON ({err.msg} at line {err.lineno} "
-                                       f"column {err.colno})",
-                                       'write it as a JSON object such as {"cluster": {"worker": '
-                                       '["host:port"]}, "task": {"type": "worker", "index": 0}}') from None
+            config = _parse_json(config, source)
         if not isinstance(config, Mapping):
             raise ClusterSpecError(source, f"must be a JSON object, got {type(config).__name__}",
-                                   'use {"cluster": {...}, "task": {...}}')
+                                   'use {"cluster": {...}, "task": {...}}', rule="not_an_object")
         _warn_about_unknown_keys(config, source)
-        if not config.get("cluster"):
-            if "task" in config:
-                raise ClusterSpecError(f"{source}.cluster", "missing while a task is given",
-                                       'add "cluster": {"worker": ["host:port", ...]}')
-            return cls({}, source=source)
-        cluster = config["cluster"]
+        cluster = config.get("cluster", {})
         if not isinstance(cluster, Mapping):
-            raise ClusterSpecError(f"{source}.cluster", f"must be an object, got {type(cluster).__name__}",
+            raise ClusterSpecError(f"{source}.cluster", f"must be an object, got {_kind(cluster)}",
                                    'use {"worker": ["host:port", ...]}')
+        _check_jobs_are_known(cluster, prefix=f"{source}.cluster")
+        if all(v == [] for v in cluster.values()):  # no job, or only jobs without tasks
+            if "task" in config:
+                raise ClusterSpecError(f"{source}.cluster", "missing or empty while a task is given",
+                                       'add "cluster": {"worker": ["host:port", ...]}',
+                                       rule="task_without_cluster")
+            return cls({}, source=source)
         task = config.get("task")
         if task is None:
             raise ClusterSpecError(f"{source}.task", "missing",
-                                   'add "task": {"type": "worker", "index": 0} naming this process')
+                                   'add "task": {"type": "worker", "index": 0} naming this process',
+                                   rule="cluster_without_task")
         if not isinstance(task, Mapping):
-            raise ClusterSpecError(f"{source}.task", f"must be an object, got {type(task).__name__}",
-                                   'use {"type": "worker", "index": 0}')
-        unknown = sorted(set(task) - set(_TASK_KEYS))
+            raise ClusterSpecError(f"{source}.task", f"must be an object, got {_kind(task)}",
+                                   'use {"type": "worker", "index": 0}', rule="task_not_object")
+        unknown = sorted(set(task) - set(_TASK_KEYS), key=str)
         if unknown:
             raise ClusterSpecError(f"{source}.task.{unknown[0]}", "unknown key",
-                                   f"a task takes only {', '.join(_TASK_KEYS)}")
+                                   f"a task takes only {', '.join(_TASK_KEYS)}", rule="task_key")
         _check_jobs_are_known(cluster, prefix=f"{source}.cluster")
         environment = config.get("environment")
         if environment is not None and not isinstance(environment, str):
             raise ClusterSpecError(f"{source}.environment", f"must be a string, got {environment!r}",
-                                   'remove it or write e.g. "environment": "cloud"')
+                                   'remove it or write e.g. "environment": "cloud"',
+                                   rule="environment")
         rpc_layer = config.get("rpc_layer", "grpc")
         if rpc_layer != "grpc":
             raise ClusterSpecError(f"{source}.rpc_layer", f"{rpc_layer!r} is not supported",
-                                   'remove it or set it to "grpc"')
+                                   'remove it or set it to "grpc"', rule="rpc_layer")
         return cls(cluster, task.get("type"), task.get("index"), rpc_layer=rpc_layer,
                    environment=environment, source=source,
                    from_environment=from_environment)
@@ -220,27 +231,30 @@ class ClusterSpec:
     def tf_config_json(self, task_type: str | None = None, task_index: int | None = None) -> str:
         return json.dumps(self.tf_config(task_type, task_index), separators=(",", ":"))
 
-    def resolver(self):
+    def resolver(self, num_gpus: int | None = None):
         """TensorFlow's cluster resolver for this spec.
 
         From the environment this is `TFConfigClusterResolver` itself (TF reads TF_CONFIG as it always
-        does); for a spec built in code it is a `SimpleClusterResolver` over the same jobs and task.
+        does); for a spec built in code, or with `num_gpus` (the GPUs each task replicates over,
+        instead of every local one), a `SimpleClusterResolver` over the same jobs and task.
         """
         import tensorflow as tf
 
-        if self.from_environment:
+        if self.from_environment and num_gpus is None:
             return tf.distribute.cluster_resolver.TFConfigClusterResolver()
         return tf.distribute.cluster_resolver.SimpleClusterResolver(
             tf.train.ClusterSpec(self.jobs), task_type=self.task_type, task_id=self.task_index,
-            rpc_layer=self.rpc_layer)
+            rpc_layer=self.rpc_layer,
+            num_accelerators=None if num_gpus is None else {"GPU": num_gpus})
 
     def __eq__(self, other):
-        return isinstance(other, ClusterSpec) and self._key() == other._key()
+        return isinstance(other, ClusterSpec) and self.identity() == other.identity()
 
     def __hash__(self):
-        return hash(self._key())
+        return hash(self.identity())
 
-    def _key(self):
+    def identity(self) -> tuple:
+        """What makes two specs equal: jobs, task and RPC layer."""
         return (tuple((j, tuple(a)) for j, a in self.jobs.items()), self.task_type, self.task_index,
                 self.rpc_layer)
 
@@ -269,12 +283,34 @@ def _warn_about_unknown_keys(config: Mapping[str, Any], source: str) -> None:
                            "reads %s)", source, key, ", ".join(_TOP_LEVEL_KEYS))
 
 
+def _parse_json(text: str, source: str):
+    """TF_CONFIG's JSON; an empty text is no cluster."""
+    if not text.strip():
+        return {}
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ClusterSpecError(source, f"not valid JSON ({err.msg} at line {err.lineno} "
+                               f"column {err.colno})",
+                               'write it as a JSON object such as {"cluster": {"worker": '
+                               '["host:port"]}, "task": {"type": "worker", "index": 0}}') from None
+    except RecursionError:
+        raise ClusterSpecError(source, "nested too deeply to be a TF_CONFIG",
+                               'write it as {"cluster": {...}, "task": {...}}') from None
+
+
+def _kind(value: Any) -> str:
+    """What a JSON value is, for a message: its type, or a short repr."""
+    text = repr(value)
+    return f"{type(value).__name__} {text if len(text) <= 40 else text[:37] + '...'}"
+
+
 def _check_jobs_are_known(jobs: Mapping[str, Any], prefix: str) -> None:
     for job in jobs:
         _check_job_name(job, f"{prefix}.{job}")
 
 
-def _check_job_name(job: str, field: str) -> None:
+def _check_job_name(job: Any, field: str) -> None:
     if job == "master":
         raise ClusterSpecError(field, "'master' is the TF1 name of the coordinator and TF 2 rejects "
                                "it", "rename the job to 'chief'")
@@ -286,6 +322,10 @@ def _validate_jobs(jobs: Mapping[str, list[str]], prefix: str) -> None:
     _check_jobs_are_known(jobs, prefix)
     seen: dict[str, str] = {}
     for job, addresses in jobs.items():
+        if isinstance(addresses, Mapping):
+            raise ClusterSpecError(f"{prefix}.{job}", "is a mapping of task indices to addresses",
+                                   f'write "{job}": ["host:port", ...] in task order',
+                                   rule="job_as_mapping")
         if not isinstance(addresses, (list, tuple)) or not addresses:
             raise ClusterSpecError(f"{prefix}.{job}", "must be a non-empty list of 'host:port' strings",
                                    f'write "{job}": ["host:port", ...] or remove the job')
@@ -294,7 +334,8 @@ def _validate_jobs(jobs: Mapping[str, list[str]], prefix: str) -> None:
             _validate_address(address, field)
             if address in seen:
                 raise ClusterSpecError(field, f"address {address} is also used by {seen[address]}",
-                                       "give every task its own host:port")
+                                       "give every task its own host:port",
+                                       rule="duplicate_address")
             seen[address] = field
     for job in ("chief", "evaluator"):
         if len(jobs.get(job, ())) > 1:
@@ -306,35 +347,40 @@ def _validate_jobs(jobs: Mapping[str, list[str]], prefix: str) -> None:
                 raise ClusterSpecError(f"{prefix}.{needed}", f"parameter-server training needs a "
                                        f"{needed} and there is none",
                                        f'add "{needed}": ["host:port"] (chief coordinates, workers '
-                                       "compute, ps hold variables)")
+                                       "compute, ps hold variables)", rule="ps_without_workers")
 
 
 def _validate_address(address: Any, field: str) -> None:
-    if not isinstance(address, str) or not address.strip():
-        raise ClusterSpecError(field, f"empty or non-string address {address!r}",
+    if not isinstance(address, str):
+        raise ClusterSpecError(field, f"address {_kind(address)} is not a string",
                                "write it as 'host:port', e.g. '127.0.0.1:2222'")
+    if not address.strip():
+        raise ClusterSpecError(field, "empty address",
+                               "write it as 'host:port', e.g. '127.0.0.1:2222'", rule="address")
     host, sep, port = address.rpartition(":")
     if not sep or not host:
         raise ClusterSpecError(field, f"address {address!r} has no host or no port",
-                               "write it as 'host:port', e.g. '127.0.0.1:2222'")
-    if not port.isdigit() or not validators.port(int(port)):
+                               "write it as 'host:port', e.g. '127.0.0.1:2222'", rule="address")
+    if not validators.is_digits(port) or not validators.port(int(port)):
         raise ClusterSpecError(field, f"bad port {port!r} in {address!r}",
-                               "use a port number from 1 to 65535")
+                               "use a port number from 1 to 65535", rule="address")
 
 
 def _validate_task(jobs: Mapping[str, list[str]], task_type: Any, task_index: Any, prefix: str) -> None:
     if not isinstance(task_type, str) or not task_type:
-        raise ClusterSpecError(f"{prefix}.type", f"missing or not a string ({task_type!r})",
+        raise ClusterSpecError(f"{prefix}.type", f"missing or not a string ({_kind(task_type)})",
                                f"set it to one of {', '.join(JOBS)}")
     _check_job_name(task_type, f"{prefix}.type")
     if not validators.is_count(task_index):
-        raise ClusterSpecError(f"{prefix}.index", f"must be a non-negative integer, got {task_index!r}",
-                               'write e.g. "index": 0')
+        negative = isinstance(task_index, int) and not isinstance(task_index, bool)
+        raise ClusterSpecError(f"{prefix}.index", f"must be a non-negative integer, got "
+                               f"{_kind(task_index)}", 'write e.g. "index": 0',
+                               rule="negative_index" if negative else "index_not_integer")
     count = len(jobs.get(task_type, ()))
     if task_type == "evaluator" and count == 0:
         if task_index != 0:
             raise ClusterSpecError(f"{prefix}.index", f"evaluator index {task_index} out of range",
-                                   "there is one evaluator: use index 0")
+                                   "there is one evaluator: use index 0", rule="evaluator_index")
         return
     if count == 0:
         raise ClusterSpecError(f"{prefix}.type", f"job {task_type!r} is not in the cluster",

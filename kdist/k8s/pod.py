@@ -29,6 +29,7 @@ import json
 import os
 import sys
 
+from kdist import validators
 from kdist.cluster.spec import JOBS, ClusterSpec, ClusterSpecError
 
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes for Indexed Jobs (JobSet's Jobs are Indexed)
@@ -75,7 +76,7 @@ def decode_roles(value: str) -> dict[str, int]:
     counts = {}
     for item in value.split(","):
         job, _, count = item.partition("=")
-        if not count.isdigit() or not job:
+        if not validators.is_digits(count) or not job:
             raise ClusterSpecError(ROLES_ENV, f"{item!r} in {value!r} is not job=count",
                                    "re-render the manifests with kdist (e.g. chief=1,worker=2)")
         counts[job] = int(count)
@@ -122,7 +123,7 @@ def _require(environ, names) -> None:
 
 def _index(environ) -> int:
     index = environ[INDEX_ENV]
-    if not index.isdigit():
+    if not validators.is_digits(index):
         raise ClusterSpecError(INDEX_ENV, f"{index!r} is not a completion index",
                                "use completionMode: Indexed")
     return int(index)
