@@ -45,6 +45,23 @@ def test_initialisation_conversion_and_saving_are_exact(report):
     assert report["subclassed_vs_dense"] < 1e-6  # the layer inside a subclassed model is exact
 
 
+@pytest.fixture(scope="module")
+def tapes():
+    return run_report(["tests/programs/tape_checks.py"], timeout=300)
+
+
+@pytest.mark.parametrize("check", ["persistent", "second_order", "jacobian"])
+def test_custom_loops_take_gradients_as_often_as_with_the_plain_layer(tapes, check):
+    """A persistent tape asked twice, a tape inside a tape (gradient penalty), a Jacobian: the same
+    numbers as keras.layers.Dense / Embedding, for both splits, 1 to 4 devices, uneven sizes."""
+    cases = [c for c in tapes["cases"] if check in c]
+    expected = {(layer, n, p) for layer in ("dense", "embedding") for n in (1, 2, 3, 4)
+                for p in ("column", "row") if check != "jacobian" or layer == "dense"}
+    assert {(c["layer"], c["devices"], c["partition"]) for c in cases} == expected
+    for case in cases:
+        assert isinstance(case[check], float) and case[check] < 1e-5, case
+
+
 def test_trains_with_fit(report):
     assert report["fit_loss"][-1] < report["fit_loss"][0]
 

@@ -58,12 +58,18 @@ def gather_from_devices(parts, device, axis=-1):
 
 def compute_on(device, fn, *inputs):
     """`fn(*inputs)` on `device`, forward and backward (the gradients of `inputs` and of the
-    variables `fn` reads are computed there too)."""
+    variables `fn` reads are computed there too).
+
+    The backward pass may run more than once, as a plain layer's does: a persistent outer tape
+    asks for several gradients (with respect to the input, then to the variables), a tape around
+    another asks for second-order ones. The inner tape is persistent so that each of these calls
+    finds the forward pass it records; it is released with the outer tapes that hold `backward`.
+    """
     import tensorflow as tf
 
     @tf.custom_gradient
     def forward(*tensors):
-        with tf.device(device), tf.GradientTape() as tape:
+        with tf.device(device), tf.GradientTape(persistent=True) as tape:
             tape.watch(tensors)
             outputs = fn(*tensors)
 
