@@ -13,15 +13,46 @@ collect_ignore = ["programs", "conformance/programs"]  # scripts run in child pr
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 
 
-# Every timeout of the suite, the child processes' `kdist launch --timeout` included, is multiplied
-# by KDIST_TEST_TIMEOUT_SCALE (default 1: sized for this project's 2-core CI machine, where the
-# whole suite takes about 20 of CI's 45 minutes). Set it to 2 or 3 on a slower or busier machine.
+# Every timeout of the suite, the child processes' `kdist launch --timeout` included, is sized for
+# this project's 2-core CI machine when idle, and multiplied by how much slower the machine runs
+# right now (`machine_slowdown`, measured before each use, at most every 20 s) and by
+# KDIST_TEST_TIMEOUT_SCALE (default 1; a fixed extra margin). A busy machine gets longer timeouts;
+# a hang still ends, with the timeout's error.
 TIMEOUT_SCALE = float(os.environ.get("KDIST_TEST_TIMEOUT_SCALE", "1"))
+# Seconds `_probe_seconds` takes on the idle 2-core CI machine (the median of 10 idle runs there, 2026-11-23).
+REFERENCE_PROBE_SECONDS = 0.070
+_slowdown = {"value": 1.0, "at": -1e9}
+_PROBE = "import time\nt = time.perf_counter()\nsum(i * i for i in range(2_000_000))\n" \
+         "print(time.perf_counter() - t)"
+
+
+def _probe_seconds() -> float:
+    """Wall seconds of a fixed CPU-bound loop run in as many processes as the machine has cores,
+    side by side, as a training cluster of the suite runs: what another load steals shows."""
+    import time
+
+    processes = [subprocess.Popen([sys.executable, "-S", "-c", _PROBE], stdout=subprocess.PIPE,
+                                  text=True) for _ in range(os.cpu_count() or 1)]
+    try:
+        return max(float(p.communicate(timeout=120)[0]) for p in processes)
+    finally:
+        for p in processes:
+            p.kill()
+
+
+def machine_slowdown() -> float:
+    """How many times slower than the idle CI machine this one runs now (at least 1)."""
+    import time
+
+    if time.monotonic() - _slowdown["at"] > 20:
+        _slowdown["value"] = max(1.0, _probe_seconds() / REFERENCE_PROBE_SECONDS)
+        _slowdown["at"] = time.monotonic()
+    return _slowdown["value"]
 
 
 def scaled(seconds: float) -> float:
-    """`seconds` times KDIST_TEST_TIMEOUT_SCALE."""
-    return seconds * TIMEOUT_SCALE
+    """`seconds` times the machine's slowdown now, times KDIST_TEST_TIMEOUT_SCALE."""
+    return seconds * machine_slowdown() * TIMEOUT_SCALE
 
 
 def run_python(args, timeout, env=None, cwd=ROOT):

@@ -2,6 +2,7 @@
 
 import json
 import subprocess
+import re
 import sys
 
 import kubernetes_validate
@@ -211,4 +212,4 @@ def test_simulate_in_another_namespace_stops_at_its_timeout_with_124(netns):
                        timeout=90)
     assert result.returncode == 124, result.stdout[-2000:] + result.stderr[-2000:]
     assert "mnist-mwms-worker-1.mnist-mwms.team-a.svc:2222" in result.stdout
-    assert "timed out after 3s" in result.stdout
+    assert re.search(r"timed out after \d+s", result.stdout)  # 3s, scaled by the suite

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -106,7 +107,8 @@ def test_a_failure_after_the_leader_succeeded_is_logged(tmp_path):
 
 def test_timeout_stops_everything_with_code_124(tmp_path):
     result = launch(tmp_path, ["--workers", "2"], "*=sleep", extra=["--timeout", "2"])
-    assert result.returncode == 124 and "timed out after 2s" in result.stdout
+    # The suite scales `--timeout` with the machine's slowdown (conftest.run_python): 2s or more.
+    assert result.returncode == 124 and re.search(r"timed out after \d+s", result.stdout)
     assert_all_gone(tmp_path, ["worker:0", "worker:1"])
 
 
