@@ -1,0 +1,262 @@
+"""kdist against its peers on CPU workers: Keras 3 + kdist (TensorFlow's collectives, and kdist's
+TCP ring), Keras 2 (tf_keras) + MultiWorkerMirroredStrategy, PyTorch DDP (gloo).
+
+    python benchmarks/peers.py [--rounds 3] [--steps 30] [--per-worker-batch 128]
+
+The same MLP (784-1024-1024-10, 1,863,690 parameters), the same random data, the same per-worker
+batch, plain SGD, each worker process pinned to one core with one compute thread, on 127.0.0.1.
+Each round runs every contender on 1 and on 2 workers, taking turns; a run reports the median of
+its warm steps, and the table the median over rounds:
+
+- step time on 2 workers, and the ratio to PyTorch DDP's;
+- scaling efficiency: the 1-worker step time over the 2-worker one (the per-worker batch fixed,
+  so 1.0 is perfect);
+- the all-reduce of the model's gradient bytes alone (7.45 MB) with each contender's collective.
+
+Needs `pip install torch tf_keras` (tf_keras matching the installed TensorFlow; the CPU build of
+PyTorch). Saves benchmarks/results/peers.{json,md}.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import measure  # noqa: E402
+import results_table  # noqa: E402
+
+CONTENDERS = ("kdist tcp", "kdist", "tf_keras", "pytorch ddp")
+INPUTS, HIDDEN, CLASSES = 784, 1024, 10
+
+
+def data(per_worker_batch, steps, rank):
+    import numpy as np
+
+    rng = np.random.default_rng(rank)
+    x = rng.normal(size=(per_worker_batch * steps, INPUTS)).astype("float32")
+    y = rng.integers(0, CLASSES, size=(per_worker_batch * steps,))
+    return x, y
+
+
+def timed_fit_keras(keras, model, x, y, batch, steps):
+    """Median seconds of the warm steps (the second of two epochs)."""
+    times = []
+
+    class Clock(keras.callbacks.Callback):
+        def on_train_batch_end(self, step, logs=None):
+            times.append(time.perf_counter())
+
+    model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=[Clock()])
+    return statistics.median([b - a for a, b in zip(times[steps:], times[steps + 1:])])
+
+
+def run_kdist(args, workers, rank):
+    measure.one_thread()  # before TensorFlow starts
+    import kdist
+
+    strategy = kdist.strategy(all_reduce="tcp" if args.contender == "kdist tcp" else "auto")
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    x, y = data(args.per_worker_batch, args.steps, 0)  # every worker the same data: DATA sharding
+    x, y = np.concatenate([x] * workers), np.concatenate([y] * workers)
+    with kdist.scope():
+        model = _keras_mlp(keras)
+    step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
+    if workers > 1:  # the rest of a step: the logs' all-reduce, the input pipeline
+        args.parts = {"logs_all_reduce": _median_call(_tf_all_reduce(tf, strategy, tf.ones(()))),
+                      "input": _input_seconds(tf, strategy, x, y, args.per_worker_batch * workers)}
+    gradient = tf.constant(np.ones(_parameters(), "float32"))
+    from kdist.exchange.comm import tcp_ring
+
+    ring = tcp_ring(strategy)
+    if ring is not None:
+        ring_sum = tf.function(lambda: tf.numpy_function(ring.all_reduce_sum, [gradient * 1.0],
+                                                         tf.float32, stateful=True))
+        reduce = lambda: ring_sum().numpy()  # noqa: E731
+    else:
+        reduce = _tf_all_reduce(tf, strategy, gradient)
+    return step, _median_call(reduce) if workers > 1 else None
+
+
+def run_tf_keras(args, workers, rank):
+    import tensorflow as tf
+
+    measure.one_thread()  # before TensorFlow starts
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if workers > 1 else \
+        tf.distribute.get_strategy()
+    import numpy as np
+    import tf_keras as keras
+
+    x, y = data(args.per_worker_batch, args.steps, 0)
+    x, y = np.concatenate([x] * workers), np.concatenate([y] * workers)
+    with strategy.scope():
+        model = _keras_mlp(keras)
+    step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
+    gradient = tf.constant(np.ones(_parameters(), "float32"))
+    reduce = _tf_all_reduce(tf, strategy, gradient) if workers > 1 else None
+    return step, _median_call(reduce) if workers > 1 else None
+
+
+def run_ddp(args, workers, rank):
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    if workers > 1:
+        spec = json.loads(os.environ["TF_CONFIG"])
+        host, _, port = spec["cluster"]["worker"][0].rpartition(":")
+        dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank,
+                                world_size=workers)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(INPUTS, HIDDEN),
+                                torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                                torch.nn.Linear(HIDDEN, CLASSES))
+    if workers > 1:
+        model = torch.nn.parallel.DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    x, y = data(args.per_worker_batch, args.steps, 0)
+    x, y = torch.from_numpy(x), torch.from_numpy(y)
+    times = []
+    for epoch in range(2):
+        for i in range(args.steps):
+            batch = slice(i * args.per_worker_batch, (i + 1) * args.per_worker_batch)
+            optimizer.zero_grad()
+            loss_fn(model(x[batch]), y[batch]).backward()
+            optimizer.step()
+            if epoch:
+                times.append(time.perf_counter())
+    step = statistics.median([b - a for a, b in zip(times, times[1:])])
+    reduce = None
+    if workers > 1:
+        gradient = torch.ones(_parameters())
+        reduce = _median_call(lambda: dist.all_reduce(gradient))
+        dist.destroy_process_group()
+    return step, reduce
+
+
+def _input_seconds(tf, strategy, x, y, global_batch):
+    """Seconds per step of reading this worker's batch from the distributed input, as fit reads
+    it (every worker reads the global batch and keeps its shard: TF's DATA auto-sharding)."""
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).repeat())
+    iterator = iter(dataset)
+    return _median_call(lambda: next(iterator))
+
+
+def _tf_all_reduce(tf, strategy, gradient):
+    """A call of the strategy's all-reduce of `gradient` (TensorFlow's collectives)."""
+    all_reduce = tf.function(lambda: strategy.run(
+        lambda: tf.distribute.get_replica_context().all_reduce("SUM", gradient)))
+    return lambda: strategy.experimental_local_results(all_reduce())[0].numpy()
+
+
+def _keras_mlp(keras):
+    model = keras.Sequential([keras.Input((INPUTS,)), keras.layers.Dense(HIDDEN, activation="relu"),
+                              keras.layers.Dense(HIDDEN, activation="relu"),
+                              keras.layers.Dense(CLASSES)])
+    model.compile(keras.optimizers.SGD(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _parameters() -> int:
+    return INPUTS * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+
+
+def _median_call(function, repeats: int = 15) -> float:
+    function()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+RUNNERS = {"kdist tcp": run_kdist, "kdist": run_kdist, "tf_keras": run_tf_keras,
+           "pytorch ddp": run_ddp}
+
+
+def worker(args):
+    measure.pin_worker_to_one_core()
+    spec = json.loads(os.environ["TF_CONFIG"])
+    workers, rank = len(spec["cluster"]["worker"]), spec["task"]["index"]
+    args.parts = {}
+    step, reduce = RUNNERS[args.contender](args, workers, rank)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"step": step, "all_reduce": reduce, "parts": args.parts}, f)
+
+
+def launch(args, contender, workers, folder):
+    from kdist.cluster.spec import ClusterSpec
+    from kdist.launch import Launcher
+
+    out = os.path.join(folder, "result.json")
+    command = [sys.executable, os.path.abspath(__file__), "--worker", "--contender", contender,
+               "--out", out, "--steps", str(args.steps), "--per-worker-batch",
+               str(args.per_worker_batch)]
+    env = {"KDIST_EAGER_MULTI_WORKER": "0"}  # tf_keras and torch: no kdist strategy
+    code = Launcher(ClusterSpec.local_layout({"worker": workers}), command, timeout=900,
+                    env={**os.environ, **env}).run()
+    if code:
+        sys.exit(f"peers: {contender} on {workers} worker(s) failed ({code})")
+    with open(out) as f:
+        return json.load(f)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--per-worker-batch", type=int, default=128)
+    parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--contender", help=argparse.SUPPRESS)
+    parser.add_argument("--out", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        return worker(args)
+    contenders = args.contenders.split(",")
+    runs = {(c, w): [] for c in contenders for w in (1, 2)}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(args.rounds):
+            for contender in contenders:  # take turns, round after round
+                for workers in (1, 2):
+                    runs[(contender, workers)].append(launch(args, contender, workers, folder))
+    rows = []
+    for contender in contenders:
+        one = statistics.median(r["step"] for r in runs[(contender, 1)])
+        two = statistics.median(r["step"] for r in runs[(contender, 2)])
+        reduce = statistics.median(r["all_reduce"] for r in runs[(contender, 2)])
+        parts = {name: statistics.median(r["parts"][name] for r in runs[(contender, 2)]) * 1e3
+                 for name in runs[(contender, 2)][0]["parts"]}
+        rows.append({"contender": contender, "step_1_worker_ms": one * 1e3,
+                     "step_2_workers_ms": two * 1e3, "scaling_efficiency": one / two,
+                     "all_reduce_ms": reduce * 1e3, "other_ms": (two - one - reduce) * 1e3,
+                     "parts_ms": parts,
+                     "steps_2_workers_ms": [r["step"] * 1e3 for r in runs[(contender, 2)]]})
+    ddp = next((r for r in rows if r["contender"] == "pytorch ddp"), None)
+    lines = [f"Per-worker batch {args.per_worker_batch}, 784-1024-1024-10 MLP (1,863,690 "
+             f"parameters, 7.45 MB of gradients), SGD; median of {args.rounds} rounds.", "",
+             "| contender | step, 2 workers | / DDP | step, 1 worker | scaling efficiency | "
+             "all-reduce of 7.45 MB | other (2 workers - 1 worker - all-reduce) | of which "
+             "logs' all-reduce, input |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        versus = f"{row['step_2_workers_ms'] / ddp['step_2_workers_ms']:.2f}" if ddp else "n/a"
+        parts = ", ".join(f"{row['parts_ms'][k]:.1f} ms" for k in ("logs_all_reduce", "input")) \
+            if row["parts_ms"] else "n/a"
+        lines.append(f"| {row['contender']} | {row['step_2_workers_ms']:.1f} ms | {versus} | "
+                     f"{row['step_1_worker_ms']:.1f} ms | {row['scaling_efficiency']:.2f} | "
+                     f"{row['all_reduce_ms']:.1f} ms | {row['other_ms']:.1f} ms | {parts} |")
+    results_table.save("peers", "\n".join(lines), {"rows": rows, "args": vars(args)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""`Ring`: a ring all-reduce over TCP between the worker processes of a cluster, for CPU workers.
+
+TensorFlow's CPU collectives move each chunk through gRPC: the tensor is copied into a protobuf,
+serialized, framed, parsed and copied out again, several times the bytes on the wire
+(`benchmarks/collectives.py` measures it). This ring moves the same bytes as TensorFlow's ring
+algorithm, 2 (N - 1) / N of the tensor per worker, straight from a NumPy buffer to the socket and
+back: in N - 1 reduce-scatter steps each worker adds the chunk it receives from its predecessor
+to its own, in N - 1 all-gather steps it passes the summed chunks on. Each step sends and receives
+at once (a sender thread beside the receiving one; both release the GIL, as NumPy's add does).
+
+Every worker ends with the same sum, bit for bit (each chunk is summed once, in ring order, and
+copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gradient sums here
+with ``kdist.scope(all_reduce="tcp")``; the rendezvous (each worker's listening address) goes
+through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the step
+with an error naming it instead of a hang.
+
+>>> import numpy as np
+>>> [len(c) for c in chunks(np.zeros(10, "float32"), 3)]
+[4, 3, 3]
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import socket
+import struct
+import threading
+import time
+
+import numpy as np
+
+_rings = itertools.count()  # every worker builds its rings in the same order: the same keys
+BUFFER_BYTES = 4 << 20
+
+
+class RingError(RuntimeError):
+    """A peer of the ring did not answer, or answered wrongly: names it and the fix."""
+
+
+def chunks(array: np.ndarray, parts: int) -> list[np.ndarray]:
+    """`array` (flat) cut into `parts` contiguous views, sizes differing by at most one."""
+    return np.array_split(array, parts)
+
+
+class Ring:
+    """This worker's place in the ring: a socket to its successor, one from its predecessor."""
+
+    def __init__(self, rank: int, size: int, to_next: socket.socket | None,
+                 from_previous: socket.socket | None, names: list[str]):
+        self.rank, self.size, self.names = rank, size, names
+        self._next, self._previous = to_next, from_previous
+        self._sends: queue.Queue = queue.Queue()
+        self._sent: queue.Queue = queue.Queue()
+        self._scratch = np.empty(0, np.uint8)
+        self._lock = threading.Lock()
+        if size > 1:
+            threading.Thread(target=self._sender, name="kdist-ring-sender", daemon=True).start()
+
+    # ------------------------------------------------------------------ rendezvous
+    @classmethod
+    def connect(cls, rank: int, addresses: list[str], publish, lookup, timeout: float,
+                generation: int | None = None) -> "Ring":
+        """Joins the ring of `len(addresses)` workers as `rank`: listens on this worker's host,
+        `publish(key, "host:port")`es the address, connects to the successor's
+        (`lookup(key)`, blocking) and accepts the predecessor's connection. `generation` tells
+        the rings of one job apart (default: this process's count of rings)."""
+        size = len(addresses)
+        names = list(addresses)
+        if size == 1:
+            return cls(rank, size, None, None, names)
+        generation = next(_rings) if generation is None else generation
+        host = addresses[rank].rpartition(":")[0].strip("[]")
+        listener = socket.create_server(("", 0), family=socket.AF_INET6
+                                        if ":" in host else socket.AF_INET, backlog=1)
+        listener.settimeout(timeout)
+        publish(f"kdist/ring/{generation}/{rank}", f"{host}:{listener.getsockname()[1]}")
+        successor = (rank + 1) % size
+        target = lookup(f"kdist/ring/{generation}/{successor}")
+        to_next = _connect(target, timeout, names[successor])
+        to_next.sendall(struct.pack("!II", generation, rank))
+        try:
+            from_previous, _ = listener.accept()
+        except OSError as err:
+            raise RingError(f"the ring's predecessor {names[(rank - 1) % size]} did not connect "
+                            f"within {timeout:g} s ({err}); check that every worker uses "
+                            "all_reduce='tcp' and that its port range is open") from None
+        finally:
+            listener.close()
+        _tune(from_previous).settimeout(timeout)
+        expected = struct.pack("!II", generation, (rank - 1) % size)
+        if _receive_exactly(from_previous, len(expected), names[(rank - 1) % size]) != expected:
+            raise RingError(f"{names[(rank - 1) % size]} joined another ring: every worker must "
+                            "build the same models in the same order")
+        return cls(rank, size, to_next, from_previous, names)
+
+    # ------------------------------------------------------------------ the all-reduce
+    def all_reduce_sum(self, array: np.ndarray, in_place: bool = False) -> np.ndarray:
+        """The sum of every worker's `array` (the same shape and dtype on every worker). With
+        `in_place`, a writable contiguous `array` receives the sum itself (no copy: the exchange
+        passes the buffer it packed for this collective)."""
+        with self._lock:  # one collective at a time, in the order the workers issue them
+            writable = in_place and array.flags.writeable and array.flags.c_contiguous
+            result = array if writable else np.array(array, copy=True)
+            flat = result.reshape(-1)  # a view: summing into it sums into `result`
+            if self.size == 1 or flat.size == 0:
+                return result
+            parts = chunks(flat, self.size)
+            rank, size = self.rank, self.size
+            scratch = self._scratch_for(max(p.nbytes for p in parts)).view(flat.dtype)
+            for step in range(size - 1):  # reduce-scatter
+                incoming = parts[(rank - step - 1) % size]
+                received = scratch[:incoming.size]
+                self._exchange(parts[(rank - step) % size], received)
+                np.add(incoming, received, out=incoming)
+            for step in range(size - 1):  # all-gather
+                self._exchange(parts[(rank - step + 1) % size], parts[(rank - step) % size])
+            return result
+
+    def _scratch_for(self, nbytes: int) -> np.ndarray:
+        if self._scratch.nbytes < nbytes:
+            self._scratch = np.empty(nbytes, np.uint8)
+        return self._scratch
+
+    def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray) -> None:
+        """Sends `outgoing` to the successor while receiving `incoming` from the predecessor."""
+        self._sends.put(outgoing)
+        _receive_into(self._previous, _bytes(incoming),
+                      self.names[(self.rank - 1) % self.size])
+        failure = self._sent.get()
+        if failure is not None:
+            raise failure
+
+    def _sender(self) -> None:
+        while True:
+            outgoing = self._sends.get()
+            try:
+                self._next.sendall(_bytes(outgoing))
+                self._sent.put(None)
+            except OSError as err:
+                self._sent.put(RingError(
+                    f"sending to {self.names[(self.rank + 1) % self.size]} failed ({err}): the "
+                    "peer stopped or is unreachable"))
+
+    def close(self) -> None:
+        for sock in (self._next, self._previous):
+            if sock is not None:
+                sock.close()
+
+
+def _bytes(chunk: np.ndarray) -> memoryview:
+    """A contiguous chunk's bytes (a memoryview has no format for float16 or bfloat16)."""
+    return memoryview(chunk.view(np.uint8))
+
+
+def _tune(sock: socket.socket) -> socket.socket:
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    for option in (socket.SO_SNDBUF, socket.SO_RCVBUF):
+        sock.setsockopt(socket.SOL_SOCKET, option, BUFFER_BYTES)
+    return sock
+
+
+def _connect(address: str, timeout: float, name: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            sock = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
+            return _tune(sock)
+        except OSError as err:
+            if time.monotonic() > deadline:
+                raise RingError(f"cannot reach the ring's successor {name} at {address} within "
+                                f"{timeout:g} s ({err})") from None
+            time.sleep(0.05)
+
+
+def _receive_into(sock: socket.socket, view: memoryview, name: str) -> None:
+    filled = 0
+    while filled < len(view):
+        try:
+            count = sock.recv_into(view[filled:])
+        except socket.timeout:
+            raise RingError(f"{name} sent nothing for {sock.gettimeout():g} s: the peer died or "
+                            "hangs (dead_peer_timeout)") from None
+        if count == 0:
+            raise RingError(f"{name} closed the connection: the peer stopped")
+        filled += count
+
+
+def _receive_exactly(sock: socket.socket, count: int, name: str) -> bytes:
+    data = bytearray(count)
+    _receive_into(sock, memoryview(data), name)
+    return bytes(data)
