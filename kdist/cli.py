@@ -11,6 +11,8 @@
     kdist k8s simulate --spec cluster_specs/k8s-mwms.yaml -- python train.py   (root: pods as hosts)
     kdist exec -- python train.py          (inside a pod rendered by kdist k8s render)
     kdist plan --model examples/plan_model.py:mlp --per-replica-batch 32 --replicas 8 --bandwidth 1Gbit
+    kdist bundle make --out bundle --python 3.12 --cuda minimal     (for a host without an index)
+    kdist bundle verify bundle && kdist bundle install bundle --target /opt/site
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ import os
 import re
 import sys
 
-from kdist import exit_codes
+from kdist import exit_codes, validators
 from kdist.cluster.spec import MAX_LOCAL_TASKS, ClusterSpec, ClusterSpecError
 
 
@@ -165,6 +167,38 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("doctor", help="print the TensorFlow/Keras versions, whether kdist "
                                        "supports them, and the workarounds it installs")
 
+    bundle = commands.add_parser("bundle", help="kdist and its dependencies (optionally the CUDA 12 "
+                                                 "libraries) for a host without a package index")
+    bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True,
+                                            parser_class=_Parser)
+    make = bundle_commands.add_parser(
+        "make", help="download the wheels for a target Python and platform, pack them into "
+                     "numbered xz pieces with a manifest of SHA-256 sums")
+    make.add_argument("--out", required=True, help="new or empty directory for the bundle")
+    make.add_argument("--requirement", action="append", default=None,
+                      help="what to bundle (repeatable; default: this kdist, built from its "
+                           "source, with its dependencies)")
+    make.add_argument("--wheels", default=None,
+                      help="pack the wheels already in this directory instead of downloading")
+    make.add_argument("--cuda", default="none", choices=sorted(_bundle_sets()),
+                      help="TensorFlow's CUDA 12 libraries too: minimal (a GPU registers), "
+                           "nccl (and NCCL all-reduce), full (TensorFlow's and-cuda extra)")
+    make.add_argument("--python", default=None, help="the target's Python, e.g. 3.12 "
+                                                     "(default: this one)")
+    make.add_argument("--platform", action="append", default=None,
+                      help="the target's pip platform tag (repeatable; default: manylinux x86_64)")
+    make.add_argument("--piece-mib", type=_number(float, 0, False, "a positive number of MiB"),
+                      default=60.0, help="largest piece, in MiB (default 60)")
+    verify = bundle_commands.add_parser("verify", help="check every piece against the manifest")
+    verify.add_argument("bundle")
+    install = bundle_commands.add_parser(
+        "install", help="verify, unpack and pip install --no-index into a target directory")
+    install.add_argument("bundle")
+    install.add_argument("--target", required=True, help="directory to install into "
+                                                         "(then PYTHONPATH=TARGET)")
+    install.add_argument("--requirement", action="append", default=None,
+                         help="what to install (default: every wheel of the bundle)")
+
     exec_ = commands.add_parser("exec", help="in a pod rendered by kdist: set TF_CONFIG from what "
                                              "the Job or JobSet gives the pod, then run the command")
     exec_.add_argument("command", nargs=argparse.REMAINDER)
@@ -177,7 +211,7 @@ def _after_dashes(command: list[str]) -> list[str]:
 
 def _task(text: str) -> tuple[str, int]:
     task_type, sep, index = text.partition(":")
-    if not sep or not index.isdigit():
+    if not sep or not validators.is_digits(index):
         raise ClusterSpecError("--task", f"{text!r} is not TYPE:INDEX", "write e.g. --task worker:1")
     return task_type, int(index)
 
@@ -311,8 +345,70 @@ def _launch(args) -> int:
     return launcher.run()
 
 
+def _bundle_sets():
+    from kdist.bundle import CUDA_SETS
+
+    return CUDA_SETS
+
+
+def _bundle(args) -> int:
+    from kdist import bundle
+
+    if args.bundle_command == "verify":
+        manifest = bundle.verify(args.bundle)
+        print(f"{args.bundle}: {len(manifest['pieces'])} pieces verified, "
+              f"{len(manifest['wheels'])} wheels")
+        return 0
+    if args.bundle_command == "install":
+        try:
+            os.makedirs(args.target, exist_ok=True)
+        except OSError as err:
+            raise ClusterSpecError("--target", f"cannot create {args.target!r} ({err.strerror})",
+                                   "give a directory you can write") from None
+        code = bundle.install(args.bundle, args.target, args.requirement)
+        if code == 0:
+            print(f"installed into {args.target}; use it with PYTHONPATH={args.target}")
+        return exit_codes.USAGE if code else 0
+    return _bundle_make(args, bundle)
+
+
+def _bundle_make(args, bundle) -> int:
+    import tempfile
+
+    target = bundle.Target(python=args.python or bundle.Target.python,
+                           platforms=tuple(args.platform or bundle.Target.platforms))
+    with tempfile.TemporaryDirectory(prefix="kdist-wheels-") as downloads:
+        wheels_dir = args.wheels or downloads
+        if not args.wheels:
+            requirements = args.requirement or [_kdist_wheel(downloads)]
+            bundle.download(requirements + list(bundle.CUDA_SETS[args.cuda]), downloads, target)
+        manifest = bundle.make(wheels_dir, args.out, args.piece_mib)
+    total = sum(p["bytes"] for p in manifest["pieces"]) / bundle.MIB
+    print(f"{args.out}: {len(manifest['wheels'])} wheels in {len(manifest['pieces'])} pieces, "
+          f"{total:.1f} MiB (at most {args.piece_mib:g} MiB each)")
+    return 0
+
+
+def _kdist_wheel(into: str) -> str:
+    """This kdist as a wheel: built from its source checkout."""
+    import subprocess
+
+    source = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    if not os.path.isfile(os.path.join(source, "setup.cfg")):
+        raise ClusterSpecError("--requirement", "this kdist was not installed from a source "
+                               "checkout, so kdist cannot build its own wheel",
+                               "pass --requirement with kdist's wheel file")
+    result = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet",
+                             "--wheel-dir", into, source], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise ClusterSpecError("--requirement", f"building kdist's wheel failed "
+                               f"({(result.stderr.strip().splitlines() or ['?'])[-1]})",
+                               "pass --requirement with kdist's wheel file")
+    return next(os.path.join(into, n) for n in os.listdir(into) if n.startswith("kdist-"))
+
+
 def _doctor(args) -> int:
-    from kdist.keras_compat.doctor import report
+    from kdist.keras_seam.doctor import report
 
     lines, supported = report()
     print("\n".join(lines))
@@ -320,12 +416,13 @@ def _doctor(args) -> int:
 
 
 _VERBS = {"doctor": _doctor, "validate": _validate, "tf-config": _tf_config, "k8s": _k8s, "plan": _plan,
-          "exec": _exec, "launch": _launch}
+          "exec": _exec, "launch": _launch, "bundle": _bundle}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Runs one `kdist` command; every user mistake becomes one `kdist: error:` line and exit 2
     (127/126 for a program that is missing or not executable)."""
+    from kdist.bundle import BundleError
     from kdist.launch import ProgramError
 
     args = _parser().parse_args(argv)
@@ -334,6 +431,9 @@ def main(argv: list[str] | None = None) -> int:
     except ProgramError as err:
         print(f"kdist: error: {err}", file=sys.stderr)
         return err.exit_code
+    except BundleError as err:
+        print(f"kdist: error: {err}", file=sys.stderr)
+        return exit_codes.USAGE
     except (ClusterSpecError, ValueError) as err:
         print(f"kdist: error: {err}", file=sys.stderr)
         return exit_codes.USAGE
