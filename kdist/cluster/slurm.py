@@ -1,26 +1,44 @@
 """The cluster of a Slurm job step, so that `srun python train.py` needs no TF_CONFIG.
 
 Inside a step of several tasks (``srun --ntasks=N``, Slurm sets ``SLURM_STEP_NUM_TASKS`` > 1),
-`kdist.cluster()` asks TensorFlow's own `SlurmClusterResolver` for the cluster: task i of the step
-(``SLURM_PROCID``) runs on its node at port ``KDIST_SLURM_PORT + (its slot on that node)``. By default
-every task is a worker (MultiWorkerMirrored); ``KDIST_SLURM_ROLES=chief=1,worker=2,ps=1`` assigns
-ranks to roles in TF's order (chief, evaluator, ps, worker). A TF_CONFIG in the environment always
-wins, and a single-task step (or a batch script outside srun) is a single process.
+`kdist.cluster()` computes the cluster from the step's environment:
 
-On nodes with GPUs, TF's resolver also gives each task its own share of them through
-``CUDA_VISIBLE_DEVICES``; on CPU-only nodes nothing is changed.
+- the nodes, in order, from ``SLURM_STEP_NODELIST`` (``node[07-08]``), and how many tasks each
+  runs from ``SLURM_STEP_TASKS_PER_NODE`` (``2(x2)``); ranks fill the nodes in order under
+  Slurm's default block distribution, round-robin under cyclic (other distributions are refused,
+  naming the flag);
+- each node's address: its ``NodeAddr`` from ``scontrol show node`` where scontrol is installed
+  (several nodes may share a host, as on a test cluster or a node split into several slurmd), else
+  its name;
+- the ports, by the rule: task i listens on ``KDIST_SLURM_PORT`` (8888) plus its slot *on its
+  address*: the number of tasks before it in rank order with the same address. Two tasks on one
+  host, whether on one node or on two nodes that share the host, never get the same port;
+- the roles: every task a worker (MultiWorkerMirrored) unless ``KDIST_SLURM_ROLES=chief=1,worker=2,
+  ps=1``, which assigns ranks to roles in TensorFlow's order (chief, evaluator, ps, worker).
+
+On nodes with GPUs, when a node's visible GPUs split evenly over its tasks, each task gets its
+share through ``CUDA_VISIBLE_DEVICES``; on CPU-only nodes nothing is changed. A TF_CONFIG in the
+environment always wins, and a single-task step (or a batch script outside srun) is a single
+process.
 
 Example, on two nodes with ``srun --nodes=2 --ntasks-per-node=2 python train.py``: Slurm sets
 ``SLURM_STEP_NODELIST=node[07-08]``, ``SLURM_STEP_TASKS_PER_NODE=2(x2)``, and for the second task
 ``SLURM_PROCID=1``, so `kdist.cluster()` is::
 
     ClusterSpec(worker=4, task=worker:1)  # worker: node07:8888, node07:8889, node08:8888, node08:8889
+
+>>> expand_hostlist("node[07-08],gpu[1,3-4]")
+['node07', 'node08', 'gpu1', 'gpu3', 'gpu4']
+>>> tasks_per_node("2(x2),1")
+[2, 2, 1]
 """
 
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 from typing import Mapping
 
 from kdist import validators
@@ -28,42 +46,85 @@ from kdist.cluster.spec import JOBS, ClusterSpec, ClusterSpecError
 
 PORT_ENV = "KDIST_SLURM_PORT"
 ROLES_ENV = "KDIST_SLURM_ROLES"
-DEFAULT_PORT = 8888  # TF's SlurmClusterResolver port_base
+DEFAULT_PORT = 8888
 _STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
                    "SLURM_STEP_TASKS_PER_NODE")
 # Everything `cluster_from_slurm` reads: what `kdist.cluster()` memoizes on.
-VARIABLES = (*_STEP_VARIABLES, PORT_ENV, ROLES_ENV, "CUDA_VISIBLE_DEVICES")
+VARIABLES = (*_STEP_VARIABLES, PORT_ENV, ROLES_ENV, "SLURM_DISTRIBUTION", "CUDA_VISIBLE_DEVICES")
+_ROLE_ORDER = ("chief", "evaluator", "ps", "worker")  # TensorFlow's order of ranks to roles
 
 
 def in_slurm_step(environ: Mapping[str, str] | None = None) -> bool:
     """True inside an srun step of more than one task."""
     environ = os.environ if environ is None else environ
     tasks = environ.get("SLURM_STEP_NUM_TASKS", "")
-    return "SLURM_PROCID" in environ and tasks.isdigit() and int(tasks) > 1
+    return "SLURM_PROCID" in environ and validators.is_digits(tasks) and int(tasks) > 1
 
 
 def cluster_from_slurm() -> ClusterSpec:
-    """The ClusterSpec (with this task) of the current Slurm step, via TF's SlurmClusterResolver."""
+    """The ClusterSpec (with this task) of the current Slurm step."""
     missing = [name for name in _STEP_VARIABLES if not os.environ.get(name)]
     if missing:
         raise ClusterSpecError(missing[0], "not set: Slurm sets it inside a job step",
                                "start the tasks with srun, or set TF_CONFIG yourself")
-    num_tasks = int(os.environ["SLURM_STEP_NUM_TASKS"])
+    distribution = os.environ.get("SLURM_DISTRIBUTION", "block").split(":")[0]
+    if distribution not in ("block", "cyclic"):
+        raise ClusterSpecError("SLURM_DISTRIBUTION", f"{distribution!r}: kdist knows which node "
+                               "runs each rank under the block and cyclic distributions",
+                               "run srun with --distribution=block (the default) or cyclic")
+    num_tasks, rank = _count("SLURM_STEP_NUM_TASKS"), _count("SLURM_PROCID")
+    nodes = expand_hostlist(os.environ["SLURM_STEP_NODELIST"])
+    counts = tasks_per_node(os.environ["SLURM_STEP_TASKS_PER_NODE"])
+    if len(counts) != len(nodes) or sum(counts) != num_tasks or rank >= num_tasks:
+        raise ClusterSpecError("SLURM_STEP_TASKS_PER_NODE", f"{counts} tasks on the nodes {nodes} "
+                               f"do not make the step's {num_tasks} tasks (this one is rank "
+                               f"{rank})", "run kdist inside the srun step whose variables these "
+                               "are")
+    task_nodes = _nodes_of_ranks(nodes, counts, distribution)
+    addresses = _addresses(task_nodes, _port(os.environ.get(PORT_ENV)))
     roles = parse_roles(os.environ.get(ROLES_ENV), num_tasks)
-    port = _port(os.environ.get(PORT_ENV))
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+    jobs, task = {}, None
+    for position, address in enumerate(addresses):
+        job = _role_of(position, roles)
+        jobs.setdefault(job, []).append(address)
+        if position == rank:
+            task = (job, len(jobs[job]) - 1)
+    _share_gpus(task_nodes, rank)
+    return ClusterSpec({job: jobs[job] for job in JOBS if job in jobs}, *task, source="Slurm")
 
-    gpus = _visible_gpus()
-    try:
-        resolver = slurm.SlurmClusterResolver(
-            jobs=roles, port_base=port, auto_set_gpu=bool(gpus),
-            # CPU-only nodes: one (unused) slot per task keeps TF's allocation arithmetic valid.
-            gpus_per_node=gpus or num_tasks, gpus_per_task=None if gpus else 1)
-        jobs = resolver.cluster_spec().as_dict()
-    except RuntimeError as err:  # e.g. a node list that does not match the task counts
-        raise ClusterSpecError("SLURM_STEP_TASKS_PER_NODE", str(err),
-                               "run kdist inside the srun step whose variables these are")
-    return ClusterSpec(jobs, resolver.task_type, resolver.task_id, source="Slurm")
+
+def expand_hostlist(text: str) -> list[str]:
+    """Slurm's compressed host list (``a[1-3,7],b05``) as names."""
+    names = []
+    for item in re.findall(r"[^,\[]+(?:\[[^\]]*\])?[^,\[]*", text):
+        match = re.fullmatch(r"([^\[]*)\[([^\]]*)\](.*)", item)
+        if not match:
+            names.append(item)
+            continue
+        prefix, ranges, suffix = match.groups()
+        for part in ranges.split(","):
+            low, _, high = part.partition("-")
+            if not validators.is_digits(low) or (high and not validators.is_digits(high)):
+                raise ClusterSpecError("SLURM_STEP_NODELIST", f"{text!r} is not a Slurm host list",
+                                       "run kdist inside an srun step")
+            for number in range(int(low), int(high or low) + 1):
+                names.append(f"{prefix}{str(number).zfill(len(low))}{suffix}")
+    if not names:
+        raise ClusterSpecError("SLURM_STEP_NODELIST", f"{text!r} names no node",
+                               "run kdist inside an srun step")
+    return names
+
+
+def tasks_per_node(text: str) -> list[int]:
+    """``SLURM_STEP_TASKS_PER_NODE`` (``2(x3),1``) as one count per node."""
+    counts = []
+    for item in text.split(","):
+        match = re.fullmatch(r"\s*([0-9]+)(?:\(x([0-9]+)\))?\s*", item)
+        if not match:
+            raise ClusterSpecError("SLURM_STEP_TASKS_PER_NODE", f"{text!r} is not Slurm's "
+                                   "tasks-per-node list", "run kdist inside an srun step")
+        counts += [int(match.group(1))] * int(match.group(2) or 1)
+    return counts
 
 
 def parse_roles(text: str | None, num_tasks: int) -> dict[str, int]:
@@ -73,7 +134,7 @@ def parse_roles(text: str | None, num_tasks: int) -> dict[str, int]:
     roles: dict[str, int] = {}
     for part in text.split(","):
         job, sep, count = part.strip().partition("=")
-        if not sep or not count.strip().isdigit():
+        if not sep or not validators.is_digits(count.strip()):
             raise ClusterSpecError(ROLES_ENV, f"{part.strip()!r} is not ROLE=COUNT",
                                    "write e.g. KDIST_SLURM_ROLES=chief=1,worker=3")
         if job.strip() not in JOBS:
@@ -86,23 +147,107 @@ def parse_roles(text: str | None, num_tasks: int) -> dict[str, int]:
     return {job: n for job, n in roles.items() if n}
 
 
+def _nodes_of_ranks(nodes: list[str], counts: list[int], distribution: str) -> list[str]:
+    """The node of each rank: block fills each node in turn, cyclic deals the ranks round-robin
+    over the nodes that still have tasks.
+
+    >>> _nodes_of_ranks(["a", "b"], [2, 1], "block"), _nodes_of_ranks(["a", "b"], [2, 1], "cyclic")
+    (['a', 'a', 'b'], ['a', 'b', 'a'])
+    """
+    if distribution == "block":
+        return [node for node, count in zip(nodes, counts) for _ in range(count)]
+    left, ranks = list(counts), []
+    while any(left):
+        for position, node in enumerate(nodes):
+            if left[position]:
+                ranks.append(node)
+                left[position] -= 1
+    return ranks
+
+
+def _role_of(position: int, roles: dict[str, int]) -> str:
+    for job in _ROLE_ORDER:
+        if position < roles.get(job, 0):
+            return job
+        position -= roles.get(job, 0)
+    raise AssertionError("parse_roles checked the counts")
+
+
+def _addresses(task_nodes: list[str], base_port: int) -> list[str]:
+    """``host:port`` of each task, the port its slot on its host (the rule in the docstring)."""
+    hosts = [_node_address(node) for node in task_nodes]
+    slots: dict[str, int] = {}
+    addresses = []
+    for node, host in zip(task_nodes, hosts):
+        port = base_port + slots.get(host, 0)
+        slots[host] = slots.get(host, 0) + 1
+        if port > 65535:
+            raise ClusterSpecError(PORT_ENV, f"{base_port} plus the {slots[host]} tasks on "
+                                   f"{host} passes port 65535",
+                                   f"set {PORT_ENV} to at most {65536 - slots[host]}")
+        addresses.append(f"{host}:{port}")
+    return addresses
+
+
+_node_addresses: dict[str, str] = {}
+
+
+def _node_address(node: str) -> str:
+    """A node's NodeAddr from scontrol (several nodes may share a host), else its name."""
+    if node not in _node_addresses:
+        address = node
+        if shutil.which("scontrol"):
+            try:
+                shown = subprocess.run(["scontrol", "show", "node", node, "-o"],
+                                       capture_output=True, text=True, timeout=30).stdout
+                address = re.search(r"\bNodeAddr=(\S+)", shown).group(1)
+            except (OSError, subprocess.SubprocessError, AttributeError):
+                address = node
+        _node_addresses[node] = address
+    return _node_addresses[node]
+
+
 def _port(text: str | None) -> int:
     if text is None:
         return DEFAULT_PORT
-    if not text.isdigit() or not validators.port(int(text)):
+    if not validators.is_digits(text) or not validators.port(int(text)):
         raise ClusterSpecError(PORT_ENV, f"bad port {text!r}", "use a port number from 1 to 65535")
     return int(text)
 
 
-def _visible_gpus() -> int:
-    """GPUs on this node as TF's resolver counts them, without failing where nvidia-smi is absent."""
-    if os.environ.get("CUDA_VISIBLE_DEVICES"):
-        return len(os.environ["CUDA_VISIBLE_DEVICES"].split(","))
-    if shutil.which("nvidia-smi") is None:
-        return 0
-    from tensorflow.python.distribute.cluster_resolver import slurm_cluster_resolver as slurm
+def _count(name: str) -> int:
+    text = os.environ[name]
+    if not validators.is_digits(text):
+        raise ClusterSpecError(name, f"{text!r} is not a count", "run kdist inside an srun step")
+    return int(text)
 
+
+NODE_GPUS_ENV = "KDIST_SLURM_NODE_GPUS"  # the node's GPUs before they were shared: shared once
+
+
+def _share_gpus(task_nodes: list[str], rank: int) -> None:
+    """This task's share of its node's visible GPUs, when they split evenly over its tasks."""
+    gpus = os.environ[NODE_GPUS_ENV].split(",") if os.environ.get(NODE_GPUS_ENV) \
+        else _visible_gpus()
+    node = task_nodes[rank]
+    on_node = task_nodes.count(node)
+    if not gpus or on_node < 2 or len(gpus) % on_node:
+        return
+    local = rank - task_nodes.index(node)
+    share = len(gpus) // on_node
+    os.environ[NODE_GPUS_ENV] = ",".join(gpus)
+    os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[local * share:(local + 1) * share])
+
+
+def _visible_gpus() -> list[str]:
+    """The GPUs this task sees: CUDA_VISIBLE_DEVICES, else nvidia-smi's (none without it)."""
+    if os.environ.get("CUDA_VISIBLE_DEVICES"):
+        return os.environ["CUDA_VISIBLE_DEVICES"].split(",")
+    if shutil.which("nvidia-smi") is None:
+        return []
     try:
-        return slurm.get_num_gpus()
-    except RuntimeError:
-        return 0
+        listed = subprocess.run(["nvidia-smi", "--list-gpus"], capture_output=True, text=True,
+                                timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [str(i) for i, line in enumerate(listed.splitlines()) if line.startswith("GPU ")]
