@@ -5,7 +5,7 @@
 For each stack, `.ci/compat STACK` builds (or reuses) the stack's venv from the project's own files
 and runs the tests marked `compat`; then the MWMS example (2 workers, the shipped digits, 4 epochs)
 and the parameter-server example run in that venv. Saves benchmarks/results/compat_matrix.{json,md},
-from which the README's "Supported TensorFlow and Keras" table is generated.
+from which the table of docs/compatibility.md is generated.
 """
 
 import argparse

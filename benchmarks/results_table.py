@@ -2,7 +2,8 @@
 
 Every result file says where its figures come from: the date, the commit, the machine, the
 TensorFlow/Keras versions and the command that produced it. `benchmarks/readme.py` copies the
-tables into README.md, and tests/test_readme_figures.py fails when a README figure has no saved source.
+tables into README.md and docs/, and tests/test_readme_figures.py fails when a figure there has
+no saved source.
 """
 
 import datetime
@@ -46,9 +47,9 @@ def _commit() -> str:
         return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout.strip()
 
     commit = git("rev-parse", "HEAD") or "unknown"
-    # Saved results and the README they feed are not what is measured.
+    # Saved results and the pages they feed are not what is measured.
     dirty = git("status", "--porcelain", "--untracked-files=no", "--", ".",
-                ":!benchmarks/results", ":!README.md")
+                ":!benchmarks/results", ":!README.md", ":!docs")
     return commit + ("+uncommitted changes" if dirty else "")
 
 

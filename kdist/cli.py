@@ -155,7 +155,7 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--overlap", action="store_true",
                       help="assume communication overlaps computation: max(t1, t2) instead of "
                            "t1 + t2 (what Keras on tf.distribute achieves; kdist.scope("
-                           "bucket_bytes=...) measured in between, see the README's Overlap)")
+                           "bucket_bytes=...) measured in between, see docs/overlap.md)")
     plan.add_argument("--host-cost", default="auto",
                       help="CPU seconds per byte of the all-reduce's software path (copies, "
                            "serialization): 'auto' measures it with 2 workers on this machine's "

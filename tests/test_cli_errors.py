@@ -1,5 +1,5 @@
 """Bad input on the command line: one `kdist: error: <flag>: ...` line, the documented exit code
-(README "Exit codes"), never a traceback, no process left behind."""
+(docs/launcher.md "Exit codes"), never a traceback, no process left behind."""
 
 import os
 
@@ -132,9 +132,9 @@ def test_bad_input_gets_one_clear_line_and_the_documented_code(argv, code, named
         assert "Fix:" in errors[0] or ": use " in errors[0] or "write" in errors[0], errors[0]
 
 
-def test_the_readme_exit_code_table_matches_the_codes_tested():
-    readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    table = readme[readme.index("**Exit codes**"):]
+def test_the_documented_exit_code_table_matches_the_codes_tested():
+    guide = open(os.path.join(ROOT, "docs", "launcher.md"), encoding="utf-8").read()
+    table = guide[guide.index("**Exit codes**"):]
     for code in {c for _, c, _ in CASES} | {0, 75, 124}:
         assert f"\n| {code} |" in table, code
     from kdist import exit_codes

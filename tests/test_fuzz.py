@@ -1,7 +1,7 @@
 """Fuzzed TF_CONFIGs and cluster-spec files: kdist either accepts them consistently or raises
 ClusterSpecError naming a field, never another exception and never a hang (hypothesis deadline);
 and it accepts what TensorFlow's own resolver accepts, except the documented cases of
-`kdist.cluster.strictness` (the README's "Stricter than TensorFlow").
+`kdist.cluster.strictness` (docs/cluster.md, "Stricter than TensorFlow").
 
 The generated examples run in CI, the same ones every run (derandomized, no database).
 """
@@ -192,15 +192,15 @@ def test_spec_files_load_or_fail_with_a_field(content, as_yaml):
                 assert "Fix:" in str(err)
 
 
-def test_the_documented_cases_are_each_seen_and_listed_in_the_readme():
-    """Every strictness case is one the fuzzing above met (no dead rule), and the README's table
-    is the one the code holds."""
+def test_the_documented_cases_are_each_seen_and_listed_in_the_docs():
+    """Every strictness case is one the fuzzing above met (no dead rule), and the table of
+    docs/cluster.md is the one the code holds."""
     from kdist.cluster import strictness
 
     assert seen_rules == set(strictness.STRICTER), set(strictness.STRICTER) - seen_rules
-    readme = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "README.md"),
-                  encoding="utf-8").read()
-    assert strictness.table() in readme, "README: paste kdist.cluster.strictness.table()"
+    guide = open(os.path.join(os.path.dirname(os.path.dirname(__file__)), "docs", "cluster.md"),
+                 encoding="utf-8").read()
+    assert strictness.table() in guide, "docs/cluster.md: paste kdist.cluster.strictness.table()"
 
 
 # ------------------------------------------------------------------ environment variables

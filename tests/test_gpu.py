@@ -14,8 +14,8 @@ from conftest import run_report
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
-                                 reason="no GPU: the GPU suite runs on a GPU host (README: "
-                                        "Offline and GPU hosts)")]
+                                 reason="no GPU: the GPU suite runs on a GPU host "
+                                        "(docs/offline-gpu.md)")]
 
 
 @pytest.fixture(scope="module")

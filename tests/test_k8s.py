@@ -15,7 +15,7 @@ from kdist.k8s import netlab, pod
 from kdist.cluster.spec_file import read_k8s_spec
 
 PRESETS = ["cluster_specs/k8s-mwms.yaml", "cluster_specs/k8s-ps.yaml"]
-# The oldest Kubernetes minor kdist supports (README) and the newest kubernetes-validate knows.
+# The oldest Kubernetes minor kdist supports (docs/kubernetes.md) and the newest kubernetes-validate knows.
 KUBERNETES_VERSIONS = ("1.29.0", "1.30.0", "1.31.0", "1.33.0", kubernetes_validate.latest_version())
 
 

@@ -3,6 +3,7 @@ cycles, a TensorFlow-free command-line side), the doctests of kdist.strategies, 
 
 import ast
 import doctest
+import glob
 import importlib
 import os
 import pkgutil
@@ -120,22 +121,28 @@ def test_the_doctests_of_kdist_strategies_pass():
     assert attempted >= 2
 
 
-# README snippets: every ```python block runs in a fresh process, except the ones marked
-# <!-- fragment --> (they continue a script the reader already has).
-def readme_snippets():
-    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    found = re.findall(r"(<!-- fragment -->\n)?```python\n(.*?)```", text, flags=re.S)
-    return [code for marker, code in found if not marker]
+# Snippets of README.md and docs/: every ```python block runs in a fresh process, except the
+# ones marked <!-- fragment --> (they continue a script the reader already has).
+def doc_snippets():
+    pages = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+    snippets = []
+    for page in pages:
+        text = open(page, encoding="utf-8").read()
+        found = re.findall(r"(<!-- fragment -->\n)?```python\n(.*?)```", text, flags=re.S)
+        snippets += [(os.path.relpath(page, ROOT), code) for marker, code in found if not marker]
+    return snippets
 
 
-@pytest.mark.parametrize("code", readme_snippets(), ids=lambda c: c.splitlines()[-1][:40])
-def test_readme_snippet_runs(code, tmp_path):
+@pytest.mark.parametrize("page,code", doc_snippets(),
+                         ids=lambda v: v if v.endswith(".md") else v.splitlines()[-1][:40])
+def test_doc_snippet_runs(page, code, tmp_path):
     result = run_python(["-c", code], timeout=120, cwd=str(tmp_path))
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    assert result.returncode == 0, page + "\n" + result.stdout[-2000:] + result.stderr[-4000:]
 
 
-def test_readme_has_runnable_snippets():
-    assert len(readme_snippets()) >= 8
+def test_the_docs_have_runnable_snippets():
+    pages = {page for page, _ in doc_snippets()}
+    assert "README.md" in pages and len(doc_snippets()) >= 8
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +222,32 @@ def test_the_example_trains_2_workers_with_the_installed_wheel(installed_wheel):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     assert "[worker-1]" in result.stdout and "test accuracy" in result.stdout.lower(), \
         result.stdout[-2000:]
+
+
+def doc_command_lines():
+    """Every `kdist ...` command of the ```bash blocks of README.md and docs/."""
+    pages = [os.path.join(ROOT, "README.md"), *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]
+    commands = []
+    for page in pages:
+        text = open(page, encoding="utf-8").read()
+        for block in re.findall(r"```bash\n(.*?)```", text, flags=re.S):
+            for line in block.replace("\\\n", " ").splitlines():
+                line = line.split(" #")[0].strip()
+                if line.startswith("kdist "):
+                    commands += [(os.path.relpath(page, ROOT), line)]
+    return commands
+
+
+def test_every_documented_kdist_command_parses():
+    """The shell examples stay true to the command line: each parses (nothing is run)."""
+    import shlex
+
+    from kdist import cli
+
+    assert len(doc_command_lines()) >= 10
+    for page, line in doc_command_lines():
+        words = shlex.split(line.split("&&")[0])[1:]
+        try:
+            cli._parser().parse_args(words)
+        except SystemExit as stop:
+            raise AssertionError(f"{page}: {line!r} does not parse (exit {stop.code})") from None

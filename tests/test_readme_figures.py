@@ -1,7 +1,7 @@
-"""Every figure the README quotes comes from a saved benchmark result, with its provenance.
+"""Every figure README.md and docs/ quote comes from a saved benchmark result, with its provenance.
 
-The README's tables are generated blocks (`<!-- results: NAME -->`, filled by benchmarks/readme.py
-from benchmarks/results/NAME.md and NAME.json). Outside them the prose may quote settings and
+Their tables are generated blocks (`<!-- results: NAME -->`, filled by benchmarks/readme.py from
+benchmarks/results/NAME.md and NAME.json). Outside them the prose may quote settings and
 versions, and measured figures only when a saved result holds them.
 """
 
@@ -16,7 +16,8 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results")
-README = open(os.path.join(ROOT, "README.md")).read()
+PAGES = {os.path.relpath(p, ROOT): open(p, encoding="utf-8").read()
+         for p in [os.path.join(ROOT, "README.md"), *glob.glob(os.path.join(ROOT, "docs", "*.md"))]}
 NAMES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(RESULTS, "*.json")))
 
 # Figures in the prose that are settings or test tolerances, not measurements; each says what it is.
@@ -35,11 +36,11 @@ SETTINGS = {
 WITH_UNIT = re.compile(r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?\s?(?:ms|s|x|%|[KMG]i?B|ns|us|[MG]bit(?:/s)?"
                        r"|bytes)(?!\w)")
 DECIMAL = re.compile(r"(?<![\w.\-/])\d+\.\d+(?:e-?\d+)?(?![\w.])|\d(?:\.\d+)?e-\d+")
-PRODUCT = re.compile(r"tensorflow|\btf\b|keras|python|kubernetes|\bray\b|cc by", re.I)
+PRODUCT = re.compile(r"tensorflow|\btf\b|keras|python|kubernetes|\bray\b|slurm|cc by", re.I)
 
 
 def prose(text: str) -> list[str]:
-    """README lines outside code blocks and generated result blocks."""
+    """A page's lines outside code blocks and generated result blocks."""
     text = re.sub(r"```.*?```", "", text, flags=re.S)
     text = re.sub(r"<!-- results: [\w-]+ -->.*?<!-- /results -->", "", text, flags=re.S)
     return text.splitlines()
@@ -60,10 +61,11 @@ def saved_text() -> str:
 
 def test_every_prose_figure_is_a_setting_or_saved():
     saved = saved_text()
-    unsourced = [(figure, line.strip()) for line in prose(README) for figure in figures(line)
+    unsourced = [(page, figure, line.strip()) for page, text in PAGES.items()
+                 for line in prose(text) for figure in figures(line)
                  if figure not in SETTINGS and figure not in saved]
-    assert not unsourced, "README figures with no saved source:\n" + "\n".join(
-        f"  {figure!r} in: {line}" for figure, line in unsourced)
+    assert not unsourced, "figures with no saved source:\n" + "\n".join(
+        f"  {figure!r} in {page}: {line}" for page, figure, line in unsourced)
 
 
 def test_the_figure_check_can_fail():
@@ -76,9 +78,10 @@ def test_readme_tables_are_the_saved_results():
     check = subprocess.run([sys.executable, "benchmarks/readme.py", "--check"], cwd=ROOT,
                            capture_output=True, text=True)
     assert check.returncode == 0, check.stderr
-    quoted = set(re.findall(r"<!-- results: ([\w-]+) -->", README))
-    assert quoted == set(NAMES), f"saved but not in README: {set(NAMES) - quoted}; " \
-                                 f"in README but not saved: {quoted - set(NAMES)}"
+    quoted = {name for text in PAGES.values()
+              for name in re.findall(r"^<!-- results: ([\w-]+) -->$", text, flags=re.M)}
+    assert quoted == set(NAMES), f"saved but on no page: {set(NAMES) - quoted}; " \
+                                 f"on a page but not saved: {quoted - set(NAMES)}"
 
 
 @pytest.mark.parametrize("name", NAMES)

@@ -148,6 +148,7 @@ def test_srun_on_two_nodes_sharing_a_host_trains_like_the_local_launcher(slurm, 
                         "--epochs=3"], cwd=ROOT, timeout=scaled(300),
                        env={**QUIET_TF, "KDIST_SLURM_PORT": str(port)})
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    print(f"srun: accuracy {_accuracy(result.stdout, 3):.4f}, kdist launch {launcher_accuracy:.4f}")
     assert abs(_accuracy(result.stdout, 3) - launcher_accuracy) < 0.05
 
 
@@ -162,6 +163,7 @@ srun --kill-on-bad-exit=1 {sys.executable} examples/mnist_multiworker.py --data=
     result = slurm.run(["sbatch", "--wait", str(script)], timeout=scaled(300))
     output = "".join(p.read_text() for p in tmp_path.glob("slurm-*.out"))
     assert result.returncode == 0, result.stderr + output[-3000:]
+    print(f"sbatch: accuracy {_accuracy(output, 3):.4f}, kdist launch {launcher_accuracy:.4f}")
     assert abs(_accuracy(output, 3) - launcher_accuracy) < 0.05
 
 

@@ -69,7 +69,7 @@ STRICTER = {rule.rule: rule for rule in [
 
 
 def table() -> str:
-    """The cases as a markdown table (the README's "Stricter than TensorFlow")."""
+    """The cases as a markdown table (docs/cluster.md, "Stricter than TensorFlow")."""
     rows = ["| case | TensorFlow | kdist | why |", "|---|---|---|---|"]
     rows += [f"| {r.case} | {r.tensorflow} | {r.kdist} | {r.reason} |" for r in STRICTER.values()]
     return "\n".join(rows)

@@ -25,7 +25,8 @@ class PowerSGD(Compressor):
         error_feedback: add what the approximation missed to the next step's gradient.
         warm_start: start each step's power iteration from the previous Q (better approximation
             at no cost); otherwise from a fresh random Q, the same on every replica.
-        min_compression_rate, start_step: see `Compressor`.
+        min_compression_rate: see `Compressor`.
+        start_step: see `Compressor`.
         seed: seed of the initial random Q (identical on every replica).
     """
 

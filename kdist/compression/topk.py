@@ -29,9 +29,10 @@ class TopK(Compressor):
     to the L2 norm clip_norm / sqrt(replicas) before accumulating it (per tensor, where DGC clips
     the whole gradient: the compressor sees one tensor at a time).
 
-    >>> topk = TopK(0.01, warmup=(0.25, 0.0625), warmup_steps=10)
-    >>> [topk.stage_at(step) for step in (0, 9, 10, 20, 500)]
-    [0.25, 0.25, 0.0625, 0.01, 0.01]
+    Examples:
+        >>> topk = TopK(0.01, warmup=(0.25, 0.0625), warmup_steps=10)
+        >>> [topk.stage_at(step) for step in (0, 9, 10, 20, 500)]
+        [0.25, 0.25, 0.0625, 0.01, 0.01]
     """
 
     collective = "all_gather"
@@ -78,10 +79,11 @@ class TopK(Compressor):
         receives N - 1 payloads, against 2 (N - 1) / N of the dense bytes in a ring all-reduce);
         else the entries, scattered into a dense float32 gradient, are all-reduced.
 
-        >>> [TopK(0.25).route((1000, 1000), n) for n in (2, 8)]
-        [('all_gather', 2000000), ('all_reduce', 4000000)]
-        >>> [TopK(0.01).route((1000, 1000), n)[0] for n in (64, 128)]
-        ['all_gather', 'all_reduce']
+        Examples:
+            >>> [TopK(0.25).route((1000, 1000), n) for n in (2, 8)]
+            [('all_gather', 2000000), ('all_reduce', 4000000)]
+            >>> [TopK(0.01).route((1000, 1000), n)[0] for n in (64, 128)]
+            ['all_gather', 'all_reduce']
         """
         payload = self.payload_bytes(shape)
         if replicas * payload < 2 * 4 * numel(shape):

@@ -55,8 +55,10 @@ class ModelParallelDense(DenseOptions, keras.layers.Layer):
         gather_output: column only: concatenate the slices (True) or return them as a list.
         input_is_split: row only: the input is the list a column layer with gather_output=False
             returned.
-        activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, kernel_constraint, bias_constraint: as for `keras.layers.Dense`.
+
+    The other arguments (activation, use_bias, kernel_initializer, bias_initializer,
+    kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint) are as for
+    `keras.layers.Dense`.
     """
 
     def __init__(self, units, devices=None, partition="column", gather_output=True,

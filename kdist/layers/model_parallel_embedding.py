@@ -34,11 +34,13 @@ class ModelParallelEmbedding(keras.layers.Layer):
     """Embedding split over `devices` by vocabulary rows ("row") or embedding dimensions ("column").
 
     Args:
-        input_dim: vocabulary size. output_dim: embedding size.
+        input_dim: vocabulary size.
+        output_dim: embedding size.
         devices: device names (default: local GPUs, else the logical CPU devices; at least two).
         partition: "row" or "column".
-        embeddings_initializer, embeddings_regularizer, embeddings_constraint, mask_zero: as for
-            `keras.layers.Embedding`.
+
+    The other arguments (embeddings_initializer, embeddings_regularizer, embeddings_constraint,
+    mask_zero) are as for `keras.layers.Embedding`.
     """
 
     def __init__(self, input_dim, output_dim, devices=None, partition="row",

@@ -41,8 +41,10 @@ class PartitionedDense(DenseOptions, keras.layers.Layer):
     Args:
         units: output size.
         num_shards: kernel shards (default: the number of ps tasks of the current strategy, else 1).
-        activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer, kernel_constraint, bias_constraint: as for `keras.layers.Dense`.
+
+    The other arguments (activation, use_bias, kernel_initializer, bias_initializer,
+    kernel_regularizer, bias_regularizer, kernel_constraint, bias_constraint) are as for
+    `keras.layers.Dense`.
     """
 
     def __init__(self, units, num_shards=None, activation=None, use_bias=True,
@@ -93,9 +95,12 @@ class PartitionedEmbedding(keras.layers.Layer):
     a step moves only the rows it uses.
 
     Args:
-        input_dim: vocabulary size. output_dim: embedding size.
+        input_dim: vocabulary size.
+        output_dim: embedding size.
         num_shards: table shards (default: the number of ps tasks in TF_CONFIG, else 1).
-        embeddings_initializer, embeddings_regularizer, embeddings_constraint: as for Embedding.
+
+    The other arguments (embeddings_initializer, embeddings_regularizer, embeddings_constraint)
+    are as for `keras.layers.Embedding`.
     """
 
     def __init__(self, input_dim, output_dim, num_shards=None, embeddings_initializer="uniform",
