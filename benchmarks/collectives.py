@@ -31,16 +31,6 @@ import measure  # noqa: E402
 import results_table  # noqa: E402
 
 
-def median_ms(function, rounds: int) -> float:
-    function()
-    times = []
-    for _ in range(rounds):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times) * 1e3
-
-
 def worker(args):
     measure.pin_worker_to_one_core()
     measure.one_thread()  # before TensorFlow starts (kdist.strategy starts it)
@@ -93,7 +83,7 @@ def worker(args):
     samples = {key: [] for key in methods}
     for _ in range(args.rounds):
         for key, function in methods.items():  # take turns: the same machine state for each
-            samples[key].append(median_ms(function, 1))
+            samples[key].append(measure.median_seconds(function, 1) * 1e3)
     profile = _profile(tf_sums[max(args.sizes)], args) if args.profile else None
     if rank == 0:
         rows = []

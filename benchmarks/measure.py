@@ -2,6 +2,7 @@
 
 import json
 import os
+import statistics
 import time
 
 
@@ -62,3 +63,14 @@ def interface_bytes(interface: str, direction: str) -> int:
             if name.strip() == interface:
                 return int(counters.split()[column])
     raise RuntimeError(f"no interface {interface} in this network namespace")
+
+
+def median_seconds(function, repeats: int = 15) -> float:
+    """The median wall time of `repeats` calls of `function`, after one warm-up call."""
+    function()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        function()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)

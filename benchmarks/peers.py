@@ -69,7 +69,7 @@ def run_kdist(args, workers, rank):
         model = _keras_mlp(keras)
     step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
     if workers > 1:  # the rest of a step: the logs' all-reduce, the input pipeline
-        args.parts = {"logs_all_reduce": _median_call(_tf_all_reduce(tf, strategy, tf.ones(()))),
+        args.parts = {"logs_all_reduce": measure.median_seconds(_tf_all_reduce(tf, strategy, tf.ones(()))),
                       "input": _input_seconds(tf, strategy, x, y, args.per_worker_batch * workers)}
     gradient = tf.constant(np.ones(_parameters(), "float32"))
     from kdist.exchange.comm import tcp_ring
@@ -81,7 +81,7 @@ def run_kdist(args, workers, rank):
         reduce = lambda: ring_sum().numpy()  # noqa: E731
     else:
         reduce = _tf_all_reduce(tf, strategy, gradient)
-    return step, _median_call(reduce) if workers > 1 else None
+    return step, measure.median_seconds(reduce) if workers > 1 else None
 
 
 def run_tf_keras(args, workers, rank):
@@ -100,7 +100,7 @@ def run_tf_keras(args, workers, rank):
     step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
     gradient = tf.constant(np.ones(_parameters(), "float32"))
     reduce = _tf_all_reduce(tf, strategy, gradient) if workers > 1 else None
-    return step, _median_call(reduce) if workers > 1 else None
+    return step, measure.median_seconds(reduce) if workers > 1 else None
 
 
 def run_ddp(args, workers, rank):
@@ -135,7 +135,7 @@ def run_ddp(args, workers, rank):
     reduce = None
     if workers > 1:
         gradient = torch.ones(_parameters())
-        reduce = _median_call(lambda: dist.all_reduce(gradient))
+        reduce = measure.median_seconds(lambda: dist.all_reduce(gradient))
         dist.destroy_process_group()
     return step, reduce
 
@@ -146,7 +146,7 @@ def _input_seconds(tf, strategy, x, y, global_batch):
     dataset = strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch).repeat())
     iterator = iter(dataset)
-    return _median_call(lambda: next(iterator))
+    return measure.median_seconds(lambda: next(iterator))
 
 
 def _tf_all_reduce(tf, strategy, gradient):
@@ -167,16 +167,6 @@ def _keras_mlp(keras):
 
 def _parameters() -> int:
     return INPUTS * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
-
-
-def _median_call(function, repeats: int = 15) -> float:
-    function()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        function()
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
 
 
 RUNNERS = {"kdist tcp": run_kdist, "kdist": run_kdist, "tf_keras": run_tf_keras,
