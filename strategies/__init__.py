@@ -22,9 +22,9 @@ NAMES = tuple(_MODULES)
 
 
 def choose(cluster, options: StrategyOptions, num_gpus: int, num_cpus: int = 1) -> str:
-    """The strategy `auto` picks: ps -> parameter_server; >1 worker -> multi_worker;
-    >1 local GPU, explicit devices or a CPU split into logical devices (`kdist.split_cpu`) ->
-    mirrored; else default."""
+    """The strategy `auto` picks: ps -> parameter_server; more than one worker -> multi_worker;
+    more than one local GPU, explicit devices or a CPU split into logical devices
+    (`kdist.split_cpu`) -> mirrored; else default."""
     if cluster.has_ps:
         return "parameter_server"
     if cluster.num_workers > 1:
