@@ -81,8 +81,9 @@ def main() -> int:
             text = f.read()
         name = os.path.relpath(page, ROOT)
         if args.check:
-            if stale(text):
-                print(f"{name} is stale for {', '.join(stale(text))}: run python "
+            outdated_blocks = stale(text)
+            if outdated_blocks:
+                print(f"{name} is stale for {', '.join(outdated_blocks)}: run python "
                       "benchmarks/readme.py", file=sys.stderr)
                 outdated += 1
             continue

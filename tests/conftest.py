@@ -33,8 +33,6 @@ _PROBE = "import time\nt = time.perf_counter()\nsum(i * i for i in range(2_000_0
 def _probe_seconds() -> float:
     """Wall seconds of a fixed CPU-bound loop run in as many processes as the machine has cores,
     side by side, as a training cluster of the suite runs: what another load steals shows."""
-    import time
-
     processes = [subprocess.Popen([sys.executable, "-S", "-c", _PROBE], stdout=subprocess.PIPE,
                                   text=True) for _ in range(os.cpu_count() or 1)]
     try:

@@ -175,10 +175,9 @@ def _role_of(position: int, roles: dict[str, int]) -> str:
 
 def _addresses(task_nodes: list[str], base_port: int) -> list[str]:
     """``host:port`` of each task, the port its slot on its host (the rule in the docstring)."""
-    hosts = [_node_address(node) for node in task_nodes]
     slots: dict[str, int] = {}
     addresses = []
-    for node, host in zip(task_nodes, hosts):
+    for host in map(_node_address, task_nodes):
         port = base_port + slots.get(host, 0)
         slots[host] = slots.get(host, 0) + 1
         if port > 65535:
