@@ -11,7 +11,8 @@ chief is done. The chief trains and writes OUT/<MODE>.json. MODE:
              same fit resumes from the backup. Writes OUT/kill_ps-<restart>.json.
   sharded    the strategy has a variable_partitioner (the tutorials' way to shard over the ps):
              fit must refuse its ShardedVariables with the fix, before any step runs
-  workers    ps_shard_input=True: which example ids each worker trained on, from NumPy input
+  workers    ps_shard_input=True: which example ids each worker trained on and how many steps it
+             ran (2 epochs of 24: the second starts with both workers warm), from NumPy input
              and from a dataset function; then evaluation on the workers with worker 1 SIGKILLed
              while shards run
 """
@@ -197,7 +198,7 @@ elif mode == "workers":
 
         id_model.train_step = train_step_ids
         if source == "numpy":
-            id_model.fit(features, labels, batch_size=BATCH, epochs=1, steps_per_epoch=48,
+            id_model.fit(features, labels, batch_size=BATCH, epochs=2, steps_per_epoch=24,
                          verbose=0)
         else:
             def sharded(context):
@@ -205,9 +206,10 @@ elif mode == "workers":
                 return dataset.shard(context.num_input_pipelines,
                                      context.input_pipeline_id).batch(BATCH)
 
-            id_model.fit(sharded, epochs=1, steps_per_epoch=48, verbose=0)
+            id_model.fit(sharded, epochs=2, steps_per_epoch=24, verbose=0)
         counts = visits.counts.numpy()
         report[f"ids_{source}"] = [np.flatnonzero(row).tolist() for row in counts]
+        report[f"steps_{source}"] = [int(row.sum()) // BATCH for row in counts]
     model = make_model()
     model.fit(x, y, batch_size=BATCH, epochs=1, steps_per_epoch=STEPS, verbose=0)
     big_x = rng.normal(size=(20000, 8)).astype("float32")
