@@ -104,7 +104,7 @@ def _rebuild_refused(options: dict, spec) -> str:
 
 @contextlib.contextmanager
 def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps_sync="async",
-          balance=None, bucket_bytes=None, **options):
+          balance=None, bucket_bytes=None, check_replicas="error", **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
     The training options (`kdist.training.options.TrainingOptions`) apply to the models compiled
@@ -119,6 +119,8 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
       over the replicas in proportion to their speed, the update unchanged.
     - `ps_sync`: ``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"`` (`kdist.ps.sync`): how
       parameter-server updates synchronise.
+    - `check_replicas`: ``"error"`` (default), ``"warn"`` or ``"off"``: at the end of every epoch
+      `fit` checks that every replica and worker holds the same variables (`kdist.replicas`).
 
     `**options` build the strategy (`kdist.strategies.StrategyOptions`).
 
@@ -136,7 +138,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
 
     requested = training_options.TrainingOptions.parse(
         compression=compression, aggregate_every=aggregate_every, bucket_bytes=bucket_bytes,
-        balance=balance, ps_sync=ps_sync)
+        balance=balance, ps_sync=ps_sync, check_replicas=check_replicas)
     chosen = _build_or_reuse(strategy, options)
     requested.checked_for(chosen)
     if requested.bucket_bytes is not None:

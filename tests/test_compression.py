@@ -78,7 +78,7 @@ def test_fp16_overflow_is_an_error_not_inf(report):
 def test_aggregate_every_k_equals_a_k_times_larger_batch(report):
     assert report["aggregate_every_max_diff"] < 1e-5
     assert report["aggregate_every_iterations"] == 24  # 2 epochs x 12 micro-steps
-    assert "use aggregate_every instead" in report["accumulation_clash"]
+    assert "use one way to accumulate" in report["accumulation_clash"]
 
 
 def test_nominal_ratios_for_the_784_1024_1024_10_mlp(report):

@@ -184,7 +184,7 @@ def test_tf_servers_listen_on_their_tf_config_ports(job):
 
 def test_kdist_adds_no_op_to_the_traced_train_step(job):
     """kdist's patches act at trace time (or only under PS): the step TF runs is the one a user
-    writing MWMS + fit by hand, with the two workarounds fit needs, gets."""
+    writing MWMS + fit by hand, with the workarounds fit needs to run and to log right, gets."""
     for report in job["reports"].values():
         ops = report["train_step_ops"]
         assert sum(ops["kdist"].values()) > 50

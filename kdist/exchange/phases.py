@@ -28,14 +28,16 @@ class PhaseCallback(keras.callbacks.Callback):
         self._settled = False  # compressing in the compressor's last stage: no step changes it
 
     def on_train_begin(self, logs=None):
-        if self.model.steps_per_execution > 1 and self.exchange.aggregate_every > 1:
-            raise ValueError("aggregate_every > 1 needs steps_per_execution=1 (the phase changes "
-                             "every step)")
+        if self.model.steps_per_execution > 1 and self.exchange.accumulation_steps > 1:
+            given = "gradient_accumulation_steps" if self.exchange.keras_accumulation \
+                else "aggregate_every"
+            raise ValueError(f"{given} > 1 needs steps_per_execution=1 under several replicas "
+                             "(the phase changes every step)")
         self._functions = {}
         self._select()
 
     def on_train_batch_begin(self, batch, logs=None):
-        if self.exchange.aggregate_every > 1 or not self._settled:
+        if self.exchange.accumulation_steps > 1 or not self._settled:
             self._select()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -47,10 +49,11 @@ class PhaseCallback(keras.callbacks.Callback):
     def _select(self):
         exchange = self.exchange
         step = int(exchange.optimizer.iterations.numpy())
+        micro_step = keras_internals.gradients_applied(exchange.optimizer)
         compressor = exchange.compressor
         compress = compressor is not None and step >= compressor.start_step
-        every = exchange.aggregate_every
-        exchange.enter_phase(Phase(compress, every > 1 and (step + 1) % every != 0,
+        every = exchange.accumulation_steps
+        exchange.enter_phase(Phase(compress, every > 1 and (micro_step + 1) % every != 0,
                                    compressor.stage_at(step) if compress else None))
         self._settled = compress and step >= compressor.last_stage_step()
         key = exchange.phase.key()

@@ -44,24 +44,32 @@ class Phase:
 class Exchange:
     """The exchange of one optimizer, for the options of the scope its model was compiled in."""
 
-    def __init__(self, optimizer, options):
+    def __init__(self, optimizer, options, keras_accumulation: int | None = None):
         compressor = options.compression
         # A copy per model: its stage is this model's, and the user's object stays as given.
         self.compressor = copy.copy(compressor) if compressor is not None else None
         self.optimizer = optimizer
         self.aggregate_every = options.aggregate_every
+        # Keras's own gradient_accumulation_steps, run in phases under several replicas
+        # (kdist.keras_seam.one_device): Keras accumulates, the phase says when it applies.
+        self.keras_accumulation = keras_accumulation
         self.bucket_bytes = options.bucket_bytes  # None: one batch, as Keras
         self.balanced = options.balance is not None
         self.traced_buckets: list = []  # the variables of each bucket, as last traced
         self.phase = Phase(compress=self.compressor is not None
                            and self.compressor.start_step == 0,
-                           accumulate=self.aggregate_every > 1)
+                           accumulate=self.accumulation_steps > 1)
         self.states: dict = {}  # var_key(variable) -> {name: per-replica variable}
 
     @property
+    def accumulation_steps(self) -> int:
+        """Steps per applied update: kdist's aggregate_every, or Keras's accumulation steps."""
+        return self.keras_accumulation or self.aggregate_every
+
+    @property
     def has_phases(self) -> bool:
-        """Whether `fit` needs the `PhaseCallback` (compression or aggregate_every)."""
-        return self.compressor is not None or self.aggregate_every > 1
+        """Whether `fit` needs the `PhaseCallback` (compression or accumulation)."""
+        return self.compressor is not None or self.accumulation_steps > 1
 
     def enter_phase(self, phase: Phase) -> None:
         """What the next trace of the train function does (set by `PhaseCallback`)."""

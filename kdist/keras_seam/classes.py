@@ -91,6 +91,9 @@ OWNERS = {
     "ModelCheckpoint": _public("callbacks.ModelCheckpoint"),
     "TensorBoard": _public("callbacks.TensorBoard"),
     "CSVLogger": _public("callbacks.CSVLogger"),
+    "BatchNormalization": _public("layers.BatchNormalization"),
+    "loss module": lambda: importlib.import_module("keras.src.losses.loss"),
+    "utils module": _public("utils"),
 }
 
 

@@ -46,6 +46,12 @@ class Hooks:
         """The optimizer decays `variables` (Keras: once per update step)."""
         return original(optimizer, variables)
 
+    def accumulation_phase(self, optimizer) -> bool | None:
+        """Under several replicas, whether this trace of Keras's gradient accumulation
+        (`gradient_accumulation_steps`) accumulates (True) or applies (False); None: no phase is
+        known (Keras's own cond then cannot run)."""
+        return None
+
     def slot_device(self, optimizer, reference_variable) -> str | None:
         """The device a new optimizer slot of `reference_variable` goes to (None: Keras's)."""
         return None

@@ -90,6 +90,17 @@ def wrap_train_step(model, make) -> None:
 
 
 # ------------------------------------------------------------------ optimizers
+def gradients_applied(optimizer) -> int:
+    """How many times `optimizer` was given gradients: its steps, counting each step of
+    Keras's gradient accumulation (its public `iterations` counts applied updates then)."""
+    return int(optimizer._iterations.numpy())
+
+
+def gradient_accumulators(optimizer) -> list:
+    """The per-replica sums of Keras's `gradient_accumulation_steps` (none without it)."""
+    return list(getattr(optimizer, "_accumulated_gradients", None) or [])
+
+
 def var_key(optimizer, variable):
     """The key Keras's optimizer files a variable's slots under."""
     return optimizer._var_key(variable)

@@ -6,9 +6,11 @@ feature plugs into Keras (`kdist.keras_seam.hooks`). Both name their targets (`T
 class, found by what exists in the running Keras, and an attribute) and say why.
 
 Each target is replaced once, by a composition of every active patch on it: fixes innermost (in
-registry order), then hooks. Installing or removing one patch recomposes its targets, so the
-order never depends on the order of installs, and `uninstall()` of one patch leaves the others
-in place. With no patch active on a target, Keras's own attribute is back exactly.
+registry order), then hooks, then the fixes that must see what the hooks return
+(`around_hooks`: clipping the gradients the exchange summed). Installing or removing one patch
+recomposes its targets, so the order never depends on the order of installs, and `uninstall()`
+of one patch leaves the others in place. With no patch active on a target, Keras's own attribute
+is back exactly (a name Keras does not have is removed again).
 
 >>> from kdist.keras_seam.registry import Target
 >>> str(Target("Trainer", "fit"))
@@ -56,8 +58,14 @@ class Patch:
     keras_versions: tuple[str, str] = versions.KERAS_RANGE  # inclusive
     tf_versions: tuple[str, str] = versions.TF_RANGE  # inclusive
     fixed_in: str | None = None  # the Keras release that fixed the bug upstream, where one did
+    around_hooks: bool = False  # a fix composed outside the hooks on a shared target
     rank: int = 0  # position in the registry: the composition order on a shared target
     active: bool = False
+
+    @property
+    def layer(self) -> int:
+        """Where it composes on a shared target: 0 fixes, 1 hooks, 2 fixes around the hooks."""
+        return 1 if self.kind == HOOK else 2 if self.around_hooks else 0
 
     @property
     def targets(self) -> list[Target]:
@@ -96,17 +104,20 @@ class Patch:
             self.active = False
 
 
+ABSENT = object()  # what `make` receives for a name the running Keras does not have
+
+
 class _Point:
     """One replaced attribute and the patches composed on it."""
 
     def __init__(self, owner, attribute: str):
         self.owner, self.attribute = owner, attribute
         self.inherited = attribute not in vars(owner)  # restored by deleting ours
-        self.original = getattr(owner, attribute)
-        self.layers: dict[str, tuple[int, Callable]] = {}  # patch name -> (rank, make)
+        self.original = getattr(owner, attribute, ABSENT)
+        self.layers: dict[str, tuple[tuple[int, int], Callable]] = {}  # name -> (order, make)
 
     def add(self, patch: Patch, make: Callable) -> None:
-        self.layers[patch.name] = ((0 if patch.kind == FIX else 1, patch.rank), make)
+        self.layers[patch.name] = ((patch.layer, patch.rank), make)
         self._compose()
 
     def remove(self, patch: Patch) -> None:

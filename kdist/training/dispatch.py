@@ -7,8 +7,9 @@ It acts only on models kdist is responsible for, in this order:
    TF_CONFIG, so a plain Keras model in the same process is untouched whatever TF_CONFIG holds;
 2. progress: with ``verbose="auto"`` (Keras's default) only the chief prints, as tf-keras did;
    an explicit ``verbose=1/2`` is honoured everywhere;
-3. the gradient exchange: a model whose exchange has phases (compression, aggregate_every) gets
-   `kdist.exchange.phases.PhaseCallback` in `fit`; one compiled inside ``kdist.scope(balance=...)``
+3. the gradient exchange: a model whose exchange has phases (compression, accumulation) gets
+   `kdist.exchange.phases.PhaseCallback` in `fit`; a model on several synchronous replicas gets
+   `kdist.replicas.ReplicaCheck` (unless ``check_replicas="off"``); one compiled inside ``kdist.scope(balance=...)``
    gets its training batches split in proportion (`kdist.balance.fitting`);
 4. refusals with the reason instead of a failure deep inside the first step: `jit_compile=True`
    with several replicas on CPU devices (TensorFlow cannot compile the all-reduce there), and
@@ -19,16 +20,22 @@ It acts only on models kdist is responsible for, in this order:
 
 from __future__ import annotations
 
+import logging
+
+logger = logging.getLogger("kdist")
+
 FIT_INPUT = ("x", "y", "sample_weight", "batch_size")  # ModelState.fit_input during a fit
 
 
 def dispatch(name: str, original, arguments):
     """Runs `model.<name>(...)` (`arguments`: Keras's method's bound arguments)."""
+    from kdist import replicas
     from kdist.balance import fitting
     from kdist.exchange.phases import PhaseCallback
     from kdist.keras_seam import keras_internals
     from kdist.strategies import cluster_of, is_parameter_server
     from kdist.training import state as states
+    from kdist.training.options import TrainingOptions
 
     model = arguments.arguments["self"]
     strategy = keras_internals.strategy_of(model)  # None: built outside any strategy scope
@@ -42,11 +49,19 @@ def dispatch(name: str, original, arguments):
             _check_xla(strategy)
         if strategy is not None and model.steps_per_execution > 1:
             _check_steps_per_execution(strategy, model.steps_per_execution)
+        if strategy is not None and strategy.num_replicas_in_sync > 1:
+            _warn_custom_step_unscaled(model, strategy.num_replicas_in_sync)
         state.fit_input = tuple(arguments.arguments.get(k) for k in FIT_INPUT)
+        added = []
         exchange = states.exchange_of(model)
         if exchange is not None and exchange.has_phases:
-            callbacks = arguments.arguments.get("callbacks") or []
-            arguments.arguments["callbacks"] = [PhaseCallback(exchange), *callbacks]
+            added.append(PhaseCallback(exchange))
+        check = (state.options or TrainingOptions()).check_replicas
+        if strategy is not None and check != "off" and replicas.compares(strategy):
+            added.append(replicas.ReplicaCheck(check))
+        if added:
+            arguments.arguments["callbacks"] = [*added, *(arguments.arguments.get("callbacks")
+                                                          or [])]
     try:
         if strategy is not None and is_parameter_server(strategy):
             from kdist.ps import training
@@ -71,6 +86,28 @@ def _check_xla(strategy) -> None:
             f"compile(jit_compile=True) with {strategy.num_replicas_in_sync} replicas on CPU "
             "devices: TensorFlow's XLA cannot compile the gradient all-reduce on CPU "
             "(b/194942685). Use jit_compile=False, or 'auto' (Keras then leaves XLA off on CPU)")
+
+
+def _warn_custom_step_unscaled(model, replicas: int) -> None:
+    """Keras < 3.8 does not divide a loss by the replicas in sync (keras-team/keras#19891):
+    kdist scales it where the stock train_step computes gradients, but a train_step of the
+    user's own sums N unscaled gradients. Said once per model, with the fix."""
+    import keras
+
+    from kdist.keras_seam import versions
+    from kdist.training import state as states
+
+    state = states.of(model)
+    if versions.version(keras.__version__) >= (3, 8, 0) or state.warned_unscaled_step or \
+            type(model).train_step is keras.Model.train_step:
+        return
+    state.warned_unscaled_step = True
+    logger.warning(
+        "kdist: %s overrides train_step and trains on %d replicas with Keras %s, which does not "
+        "divide the loss by the replicas (fixed in Keras 3.8): unless your train_step divides "
+        "the loss it differentiates by tf.distribute.get_strategy().num_replicas_in_sync, the "
+        "summed gradient is %d times one device's. Or use Keras >= 3.8",
+        type(model).__name__, replicas, keras.__version__, replicas)
 
 
 def _check_steps_per_execution(strategy, steps_per_execution: int) -> None:

@@ -36,16 +36,18 @@ class KdistHooks(Hooks):
             options = dataclasses.replace(options, balance=None)
         states.bind(model, options)
         optimizer = model.optimizer
-        if optimizer is None or not options.exchanges_gradients:
+        keras_accumulation = _accumulation_in_phases(model)
+        if optimizer is None or not (options.exchanges_gradients or keras_accumulation):
             return
-        if optimizer.gradient_accumulation_steps:
-            raise ValueError("kdist.scope(compression/aggregate_every) cannot drive an optimizer "
-                             "with gradient_accumulation_steps (Keras puts its all-reduce inside "
-                             "a cond, which tf.distribute forbids): use aggregate_every instead")
+        if optimizer.gradient_accumulation_steps and options.exchanges_gradients:
+            raise ValueError("kdist.scope(compression/aggregate_every/bucket_bytes/balance) with "
+                             "an optimizer's gradient_accumulation_steps: use one way to "
+                             "accumulate, aggregate_every=k (kdist) or gradient_accumulation_steps"
+                             " (Keras) without the other options")
         if states.exchange_of(optimizer) is not None:
             raise ValueError("this optimizer is already bound by kdist; create a new optimizer "
                              "(or model) per compression setting")
-        states.bind_exchange(optimizer, Exchange(optimizer, options))
+        states.bind_exchange(optimizer, Exchange(optimizer, options, keras_accumulation))
         if options.balance is not None:  # the weights need each replica's batch size
             keras_internals.wrap_train_step(model, weights.recording_batch_size)
 
@@ -108,6 +110,14 @@ class KdistHooks(Hooks):
             return original(optimizer, variables)
         return exchange.apply_weight_decay(variables, original)
 
+    def accumulation_phase(self, optimizer):
+        from kdist.training.state import exchange_of
+
+        exchange = exchange_of(optimizer)
+        if exchange is None or not exchange.keras_accumulation:
+            return None
+        return exchange.phase.accumulate
+
     def slot_device(self, optimizer, reference_variable):
         from kdist.layers import placement
 
@@ -117,3 +127,16 @@ class KdistHooks(Hooks):
         from kdist.callbacks import BackupAndRestore
 
         return BackupAndRestore
+
+
+def _accumulation_in_phases(model) -> int | None:
+    """Keras's `gradient_accumulation_steps` when `model` trains on several synchronous replicas,
+    where kdist runs it in phases (`kdist.keras_seam.one_device`); None otherwise."""
+    from kdist.strategies import is_parameter_server
+
+    optimizer, strategy = model.optimizer, model.distribute_strategy
+    steps = getattr(optimizer, "gradient_accumulation_steps", None)
+    if not steps or strategy.num_replicas_in_sync == 1 or is_parameter_server(strategy):
+        return None
+    return steps
+

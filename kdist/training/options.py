@@ -9,7 +9,9 @@ block (`kdist.training.state`):
 - ``aggregate_every``: all-reduce every k steps, accumulating locally in between;
 - ``bucket_bytes``: all-reduce in buckets of about that many bytes, last layer first;
 - ``balance``: ``"measure"`` or one share per replica (`kdist.balance`);
-- ``ps_sync``: ``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"`` (`kdist.ps.sync`).
+- ``ps_sync``: ``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"`` (`kdist.ps.sync`);
+- ``check_replicas``: ``"error"`` (default), ``"warn"`` or ``"off"``: what a mismatch between
+  the replicas' copies of a variable at the end of an epoch does (`kdist.replicas`).
 
 >>> options = TrainingOptions.parse(compression="powersgd:2", aggregate_every=2)
 >>> options.compression.rank, options.aggregate_every, str(options.ps_sync)
@@ -43,16 +45,20 @@ class TrainingOptions:
     bucket_bytes: int | None = None
     balance: Balance | None = None
     ps_sync: SyncMode = SyncMode("async")
+    check_replicas: str = "error"
 
     @classmethod
     def parse(cls, compression=None, aggregate_every: int = 1, bucket_bytes=None, balance=None,
-              ps_sync="async") -> "TrainingOptions":
+              ps_sync="async", check_replicas="error") -> "TrainingOptions":
         """The options from `kdist.scope()`'s arguments; a bad one raises `UsageError` naming it."""
         validators.positive_int(aggregate_every, "aggregate_every")
         if bucket_bytes is not None:
             validators.positive_int(bucket_bytes, "bucket_bytes")
+        if check_replicas not in ("error", "warn", "off"):
+            raise UsageError("check_replicas", f"{check_replicas!r} is not a mode",
+                             "use 'error' (stop fit), 'warn' (log and go on) or 'off'")
         options = cls(_compressor(compression), aggregate_every, bucket_bytes,
-                      Balance.parse(balance), SyncMode.parse(ps_sync))
+                      Balance.parse(balance), SyncMode.parse(ps_sync), check_replicas)
         if options.balance is not None and aggregate_every > 1:
             raise UsageError("balance", "given with aggregate_every > 1: the accumulated "
                              "micro-batches would need weights of their own",

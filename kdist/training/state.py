@@ -34,6 +34,7 @@ class ModelState:
         self.initial_step = 0
         self.sync = None
         self.functions: dict = {}
+        self.warned_unscaled_step = False  # dispatch's Keras < 3.8 custom train_step warning
 
 
 def of(model) -> ModelState:

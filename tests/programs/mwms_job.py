@@ -201,7 +201,8 @@ kdist_ops = train_step_ops(kdist.scope)
 keras_seam.uninstall()
 for workaround in keras_seam.PATCHES:
     if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce",
-                           "loss_scaled_per_replica", "metric_variables_synced_on_read") \
+                           "loss_scaled_per_replica", "metric_variables_synced_on_read",
+                           "loss_value_per_replica") \
             and workaround.applies(keras.__version__, tf.__version__):  # fit needs them to be right
         workaround.install()
 report["train_step_ops"] = {"kdist": kdist_ops, "by_hand": train_step_ops(strategy.scope)}

@@ -1,0 +1,225 @@
+"""`kdist.check_replicas(model)`: do every replica and every worker hold the same variables?
+
+Synchronous data parallelism keeps one copy of each variable per replica and gives every copy the
+same update, so the copies stay equal bit for bit. When something updates a copy on its own (a
+layer that assigns a variable from its replica's data, a custom step that skips the all-reduce),
+the copies drift apart silently: the saved model and `evaluate` then depend on which replica is
+read. The check compares a checksum of every variable across the replicas and workers with one
+small collective (an all-gather of two integers per variable); a mismatch names the variable, the
+replicas (and their tasks) and the largest difference between their copies.
+
+`fit` runs it at the end of every epoch for a model trained on several synchronous replicas
+(Mirrored, MultiWorkerMirrored): an error by default, a warning with
+``kdist.scope(check_replicas="warn")``, nothing with ``"off"``. Variables that are per replica
+by design (metrics, compression residuals, Keras's gradient accumulators) are not compared.
+
+>>> import kdist, keras
+>>> with kdist.scope():
+...     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+>>> kdist.check_replicas(model)          # one replica here: nothing to compare
+[]
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import keras
+
+logger = logging.getLogger("kdist")
+MODES = ("error", "warn", "off")
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One variable whose copies differ: its path, the replicas (with their tasks or devices)
+    that hold a copy unlike replica 0's, and the largest absolute difference from it."""
+
+    variable: str
+    replicas: tuple[str, ...]
+    largest: float
+
+    def __str__(self):
+        return (f"{self.variable}: replica 0 and {', '.join(self.replicas)} differ by up to "
+                f"{self.largest:.3g}")
+
+
+class ReplicasDisagree(RuntimeError):
+    """The replicas' copies of some variables differ (see `differences`)."""
+
+    def __init__(self, differences: list[Difference], when: str):
+        self.differences = differences
+        shown = "; ".join(str(d) for d in differences[:5])
+        more = f" (and {len(differences) - 5} more)" if len(differences) > 5 else ""
+        super().__init__(
+            f"kdist: the replicas disagree {when}: {shown}{more}. In synchronous training every "
+            "replica must hold the same variables. Usual causes: a layer that assigns a variable "
+            "from its own replica's data (give it aggregation='mean'), a custom train_step that "
+            "updates variables outside the optimizer, or workers that read different code. "
+            "See docs/troubleshooting.md#my-replicas-disagree; to train on with a warning, "
+            "kdist.scope(check_replicas='warn')")
+
+
+def check_replicas(model, on_mismatch: str = "error", when: str = "now") -> list[Difference]:
+    """Compares every variable of `model` and its optimizer across the replicas and workers.
+
+    Returns the differences (empty when all agree); with ``on_mismatch="error"`` raises
+    `ReplicasDisagree` instead, with ``"warn"`` logs them. Under MultiWorkerMirrored it is a
+    collective: every worker must call it at the same point.
+    """
+    if on_mismatch not in MODES[:2]:
+        raise ValueError(f"on_mismatch={on_mismatch!r}: use 'error' or 'warn'")
+    strategy = model.distribute_strategy
+    if not compares(strategy):
+        return []
+    variables = checked_variables(model)
+    checksums = _local(strategy, _checksum_function(model, strategy, variables)())
+    differing = [k for k in range(len(variables))
+                 if (checksums[:, k] != checksums[0, k]).any()]
+    if not differing:
+        return []
+    differences = _differences(strategy, [variables[k] for k in differing],
+                               [checksums[:, k] for k in differing])
+    if on_mismatch == "error":
+        raise ReplicasDisagree(differences, when)
+    logger.warning("%s", ReplicasDisagree(differences, when))
+    return differences
+
+
+class ReplicaCheck(keras.callbacks.Callback):
+    """`check_replicas` at the end of every epoch (added by kdist to `fit`)."""
+
+    def __init__(self, on_mismatch: str = "error"):
+        super().__init__()
+        self.on_mismatch = on_mismatch
+
+    def on_epoch_end(self, epoch, logs=None):
+        check_replicas(self.model, self.on_mismatch, when=f"after epoch {epoch + 1}")
+
+
+def compares(strategy) -> bool:
+    """Whether `strategy` keeps several synchronous copies of each variable."""
+    from kdist.strategies import is_parameter_server
+
+    return strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy)
+
+
+def checked_variables(model) -> list:
+    """The model's variables and its optimizer's that every replica must hold identically."""
+    import tensorflow as tf
+
+    from kdist.keras_seam import keras_internals
+
+    optimizer = getattr(model, "optimizer", None)
+    per_replica = set()
+    candidates = list(model.weights)
+    if optimizer is not None:
+        per_replica = {id(v) for v in keras_internals.gradient_accumulators(optimizer)}
+        candidates += list(optimizer.variables)
+    seen, checked = set(), []
+    for variable in candidates:
+        on_read = getattr(variable.value, "synchronization", None) == \
+            tf.VariableSynchronization.ON_READ
+        if id(variable) in per_replica or id(variable) in seen or on_read:
+            continue
+        seen.add(id(variable))
+        checked.append(variable)
+    return checked
+
+
+def _checksum_function(model, strategy, variables):
+    """A tf.function returning, on every replica, the [replicas, variables, 2] checksums of all
+    replicas (cached per model and variable list)."""
+    import tensorflow as tf
+
+    from kdist.training import state as states
+
+    cache = states.of(model).functions
+    key = ("replica_checksums", tuple(id(v) for v in variables))
+    if key not in cache:
+        @tf.function
+        def checksums():
+            def replica():
+                local = tf.stack([_checksum(v.value) for v in variables])
+                return tf.distribute.get_replica_context().all_gather(local[None], axis=0)
+
+            return strategy.run(replica)
+
+        cache[key] = checksums
+    return cache[key]
+
+
+def _checksum(value):
+    """Two position-weighted sums of the 16-bit halves of `value`'s 32-bit words: exact in int64
+    (no overflow below 2^34 words), so equal copies give equal sums on every replica and worker
+    whatever order the sums run in."""
+    import tensorflow as tf
+
+    words = _words(tf.reshape(tf.convert_to_tensor(value), [-1]))
+    weight = tf.cast(tf.range(tf.size(words), dtype=tf.int32) % 8191 + 1, tf.int64)
+    low = tf.cast(tf.bitwise.bitwise_and(words, 0xFFFF), tf.int64)
+    high = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(words, 16), 0xFFFF), tf.int64)
+    return tf.stack([tf.reduce_sum(low * weight), tf.reduce_sum(high * weight)])
+
+
+def _words(flat):
+    """`flat`'s bits as int32 words (bytes and 16-bit values one per word)."""
+    import tensorflow as tf
+
+    size = flat.dtype.size
+    if flat.dtype == tf.bool:
+        return tf.cast(flat, tf.int32)
+    if size == 4:
+        return tf.bitcast(flat, tf.int32)
+    if size == 8:
+        return tf.reshape(tf.bitcast(flat, tf.int32), [-1])
+    return tf.cast(tf.bitcast(flat, tf.int16 if size == 2 else tf.int8), tf.int32)
+
+
+def _local(strategy, per_replica):
+    return strategy.experimental_local_results(per_replica)[0].numpy()
+
+
+def _differences(strategy, variables, checksums) -> list[Difference]:
+    """How far each replica's copy is from replica 0's, for the variables that differ (a second
+    collective, on this error path only: an all-gather of those variables)."""
+    import numpy as np
+    import tensorflow as tf
+
+    @tf.function
+    def gathered():
+        def replica():
+            context = tf.distribute.get_replica_context()
+            return [context.all_gather(tf.cast(tf.reshape(v.value, [1, -1]), tf.float64), axis=0)
+                    for v in variables]
+
+        return strategy.run(replica)
+
+    values = [np.asarray(v) for v in strategy.experimental_local_results(gathered())[0]]
+    names = replica_names(strategy)
+    found = []
+    for variable, sums, copies in zip(variables, checksums, values):
+        others = [r for r in range(len(sums)) if (sums[r] != sums[0]).any()]
+        largest = max(float(np.abs(copies[r] - copies[0]).max()) for r in others)
+        found.append(Difference(variable.path, tuple(names[r] for r in others), largest))
+    return found
+
+
+def replica_names(strategy) -> list[str]:
+    """'replica R (task)' for each replica of a multi-worker strategy, 'replica R (device)'
+    within one process."""
+    from kdist.keras_seam import tf_internals
+    from kdist.strategies import cluster_of, is_multi_worker
+
+    replicas = strategy.num_replicas_in_sync
+    if is_multi_worker(strategy):
+        spec = cluster_of(strategy)
+        tasks = [f"{t}:{i}" for t, i in spec.tasks() if t in ("chief", "worker")] \
+            if spec is not None else []
+        per_worker = max(1, replicas // max(1, tf_internals.num_workers(strategy)))
+        return [f"replica {r} ({tasks[r // per_worker] if r // per_worker < len(tasks) else '?'})"
+                for r in range(replicas)]
+    devices = strategy.extended.worker_devices
+    return [f"replica {r} ({devices[r].split('/')[-1].replace('device:', '') if r < len(devices) else '?'})"
+            for r in range(replicas)]

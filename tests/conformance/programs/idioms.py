@@ -1,0 +1,534 @@
+"""The idioms Keras users write, each trained once on one device and once under a kdist strategy,
+for tests/conformance/test_idioms.py. The only kdist lines are the ones a user adds.
+
+    python idioms.py one_device OUT       plain Keras, no strategy, the global batch
+    python idioms.py mirrored OUT         kdist.split_cpu(2) + kdist.scope(): 2 replicas
+    kdist launch --workers 2 -- python idioms.py multi_worker OUT
+    python idioms.py upstream OUT         mirrored, with kdist's fixes of these idioms removed:
+                                          the upstream bugs, shown (their regression evidence)
+
+Every idiom trains on the same data in the same order with the same global batch, from the same
+initial weights. Each process writes OUT/<mode>[-<task>]/<idiom>.npz (every model and optimizer
+variable, by path) and OUT/<mode>[-<task>].json: per idiom its fit logs, what evaluate returned,
+the largest difference between the replicas' copies of any variable (2 replicas in this process),
+or the error it raised. `python idioms.py compare OUT` prints each idiom's difference from one
+device (the table of the closing notes).
+"""
+
+import contextlib
+import json
+import logging
+import os
+import sys
+import traceback
+
+MODE, OUT = sys.argv[1], sys.argv[2]
+ONLY = sys.argv[3].split(",") if len(sys.argv) > 3 else None
+
+if MODE != "compare":
+    import kdist
+
+    if MODE in ("mirrored", "upstream"):
+        kdist.split_cpu(2)
+    import keras
+    import tensorflow as tf
+import numpy as np
+
+GLOBAL_BATCH = 16
+EPOCHS = 2
+rng = np.random.default_rng(0)
+X = (rng.normal(size=(64, 8)) * np.linspace(0.5, 1.5, 8)).astype("float32")
+Y = (X @ rng.normal(size=(8, 1)) + 0.1 * rng.normal(size=(64, 1))).astype("float32")
+LABELS = (X[:, 0] + X[:, 1] > 0).astype("int32")
+NOISE = rng.normal(size=(64, 4)).astype("float32")  # a GAN's and a VAE's randomness, as data
+
+
+# The fixes the upstream mode removes (kdist/keras_seam/one_device.py), and the idioms that show
+# each bug.
+UPSTREAM_FIXES = ("batch_norm_statistics_averaged", "clip_after_all_reduce",
+                  "loss_value_per_replica", "gradient_accumulation_in_phases",
+                  "loss_scale_finite_on_every_replica", "step_models_under_strategies")
+
+
+@contextlib.contextmanager
+def scope():
+    if MODE == "one_device":
+        yield
+        return
+    # upstream: Keras as shipped, without kdist's check that would stop a drifting fit
+    with kdist.scope(check_replicas="off" if MODE == "upstream" else "error") as strategy:
+        if MODE == "upstream":
+            from kdist.keras_seam import patches
+
+            for name in UPSTREAM_FIXES:
+                patches.patch(name).uninstall()
+        yield strategy
+
+
+def dense_model(*middle, outputs=1, seed=1):
+    keras.utils.set_random_seed(seed)
+    return keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), *middle,
+                             keras.layers.Activation("relu"), keras.layers.Dense(outputs)])
+
+
+def fit_regression(model_fn, optimizer_fn, **compile_args):
+    with scope():
+        model = model_fn()
+        model.compile(optimizer_fn(), "mse", **compile_args)
+    history = model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, history.history, model.evaluate(X, Y, batch_size=GLOBAL_BATCH, verbose=0,
+                                                  return_dict=True)
+
+
+# ------------------------------------------------------------------------------------ idioms
+def batchnorm():
+    return fit_regression(lambda: dense_model(keras.layers.BatchNormalization()),
+                          lambda: keras.optimizers.SGD(0.05))
+
+
+def batchnorm_synchronized():
+    return fit_regression(lambda: dense_model(keras.layers.BatchNormalization(synchronized=True)),
+                          lambda: keras.optimizers.SGD(0.05))
+
+
+def clipnorm_sgd():
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.1, clipnorm=0.05))
+
+
+def global_clipnorm_sgd():
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.1, global_clipnorm=0.05))
+
+
+def clipvalue_sgd():
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.1, clipvalue=0.02))
+
+
+def clipnorm_adam():
+    return fit_regression(dense_model, lambda: keras.optimizers.Adam(0.01, clipnorm=0.5))
+
+
+def gradient_accumulation_sgd():
+    return fit_regression(dense_model,
+                          lambda: keras.optimizers.SGD(0.05, gradient_accumulation_steps=2))
+
+
+def gradient_accumulation_adam():
+    return fit_regression(dense_model,
+                          lambda: keras.optimizers.Adam(0.01, gradient_accumulation_steps=2))
+
+
+def regularizers():
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([
+            keras.Input((8,)),
+            keras.layers.Dense(16, activation="relu", kernel_regularizer=keras.regularizers.L2(0.01)),
+            keras.layers.Dense(1, bias_regularizer=keras.regularizers.L1(0.01))])
+
+    return fit_regression(model, lambda: keras.optimizers.SGD(0.05))
+
+
+def activity_regularizer():
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([
+            keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+            keras.layers.Dense(1, activity_regularizer=keras.regularizers.L1(0.01))])
+
+    return fit_regression(model, lambda: keras.optimizers.SGD(0.05))
+
+
+def adamw():
+    return fit_regression(dense_model, lambda: keras.optimizers.AdamW(0.01, weight_decay=0.05))
+
+
+def learning_rate_schedule():
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.05, decay_steps=2, decay_rate=0.5)
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(schedule, momentum=0.5))
+
+
+def steps_per_execution():
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.05), steps_per_execution=2)
+
+
+def ema():
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.05, use_ema=True,
+                                                                    ema_momentum=0.5))
+
+
+def mixed_float16():
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        return fit_regression(lambda: dense_model(keras.layers.Activation("linear",
+                                                                          dtype="float32")),
+                              lambda: keras.optimizers.SGD(0.05))
+    finally:
+        keras.mixed_precision.set_global_policy("float32")
+
+
+def sample_weight():
+    weights = np.linspace(0.1, 2.0, 64).astype("float32")
+    with scope():
+        model = dense_model()
+        model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"])
+    history = model.fit(X, Y, sample_weight=weights, batch_size=GLOBAL_BATCH, epochs=EPOCHS,
+                        shuffle=False, verbose=0)
+    return model, history.history, model.evaluate(X, Y, sample_weight=weights,
+                                                  batch_size=GLOBAL_BATCH, verbose=0,
+                                                  return_dict=True)
+
+
+def classification_metrics():
+    """The metrics that keep thresholds and confusion counts, with class_weight."""
+    with scope():
+        model = dense_model(outputs=1)
+        model.add(keras.layers.Activation("sigmoid"))
+        model.compile(keras.optimizers.SGD(0.1), "binary_crossentropy",
+                      metrics=["accuracy", keras.metrics.AUC(name="auc"),
+                               keras.metrics.Precision(name="precision"),
+                               keras.metrics.Recall(name="recall")])
+    history = model.fit(X, LABELS, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
+                        verbose=0, class_weight={0: 1.0, 1: 3.0})
+    return model, history.history, model.evaluate(X, LABELS, batch_size=GLOBAL_BATCH, verbose=0,
+                                                  return_dict=True)
+
+
+def multi_output():
+    with scope():
+        keras.utils.set_random_seed(1)
+        inputs = keras.Input((8,))
+        hidden = keras.layers.Dense(16, activation="relu")(inputs)
+        model = keras.Model(inputs, {"value": keras.layers.Dense(1, name="value")(hidden),
+                                     "label": keras.layers.Dense(2, name="label")(hidden)})
+        model.compile(keras.optimizers.SGD(0.05),
+                      loss={"value": "mse",
+                            "label": keras.losses.SparseCategoricalCrossentropy(from_logits=True)},
+                      loss_weights={"value": 1.0, "label": 0.5},
+                      metrics={"label": ["accuracy"]})
+    targets = {"value": Y, "label": LABELS}
+    history = model.fit(X, targets, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
+                        verbose=0)
+    return model, history.history, model.evaluate(X, targets, batch_size=GLOBAL_BATCH, verbose=0,
+                                                  return_dict=True)
+
+
+def dropout():
+    """Random masks differ from one device's; the replicas must still agree."""
+    return fit_regression(lambda: dense_model(keras.layers.Dropout(0.3)),
+                          lambda: keras.optimizers.SGD(0.05))
+
+
+def custom_train_step():
+    """keras.io, "Customizing what happens in fit()": compute_loss, its own Mean trackers, a
+    custom test_step."""
+
+    class CustomModel(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.loss_tracker = keras.metrics.Mean(name="loss")
+            self.mae_metric = keras.metrics.MeanAbsoluteError(name="mae")
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                y_pred = self(x, training=True)
+                loss = self.compute_loss(y=y, y_pred=y_pred)
+            gradients = tape.gradient(loss, self.trainable_variables)
+            self.optimizer.apply(gradients, self.trainable_variables)
+            self.loss_tracker.update_state(loss)
+            self.mae_metric.update_state(y, y_pred)
+            return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+        def test_step(self, data):
+            x, y = data
+            y_pred = self(x, training=False)
+            self.loss_tracker.update_state(self.compute_loss(y=y, y_pred=y_pred))
+            self.mae_metric.update_state(y, y_pred)
+            return {"loss": self.loss_tracker.result(), "mae": self.mae_metric.result()}
+
+        @property
+        def metrics(self):
+            return [self.loss_tracker, self.mae_metric]
+
+    with scope():
+        keras.utils.set_random_seed(1)
+        model = CustomModel()
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    history = model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, history.history, model.evaluate(X, Y, batch_size=GLOBAL_BATCH, verbose=0,
+                                                  return_dict=True)
+
+
+def custom_train_step_loss_object():
+    """A train_step with its own loss object and a compiled metric (compute_metrics)."""
+
+    class LossObjectModel(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            self.loss_fn = keras.losses.MeanSquaredError()
+            self.tracker = keras.metrics.Mean(name="loss")
+            self.hidden = keras.layers.Dense(16, activation="relu")
+            self.out = keras.layers.Dense(1)
+
+        def call(self, x):
+            return self.out(self.hidden(x))
+
+        def train_step(self, data):
+            x, y = data
+            with tf.GradientTape() as tape:
+                loss = self.loss_fn(y, self(x, training=True))
+            self.optimizer.apply(tape.gradient(loss, self.trainable_variables),
+                                 self.trainable_variables)
+            self.tracker.update_state(loss)
+            return {"loss": self.tracker.result()}
+
+        @property
+        def metrics(self):
+            return [self.tracker]
+
+    with scope():
+        keras.utils.set_random_seed(1)
+        model = LossObjectModel()
+        model.compile(keras.optimizers.SGD(0.05))
+    history = model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, history.history, {}
+
+
+def gan_two_optimizers():
+    """keras.io's GAN pattern: two models, two optimizers, a custom train_step and trackers (the
+    noise comes with the data: noise drawn inside the step differs from one device's)."""
+
+    class GAN(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            keras.utils.set_random_seed(1)
+            self.generator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, "relu"),
+                                               keras.layers.Dense(8)])
+            self.discriminator = keras.Sequential([keras.Input((8,)),
+                                                   keras.layers.Dense(16, "relu"),
+                                                   keras.layers.Dense(1)])
+            self.d_tracker = keras.metrics.Mean(name="d_loss")
+            self.g_tracker = keras.metrics.Mean(name="g_loss")
+
+        def compile(self, d_optimizer, g_optimizer):
+            super().compile()
+            self.d_optimizer, self.g_optimizer = d_optimizer, g_optimizer
+            self.loss_fn = keras.losses.BinaryCrossentropy(from_logits=True)
+
+        @property
+        def metrics(self):
+            return [self.d_tracker, self.g_tracker]
+
+        def train_step(self, data):
+            real, noise = data
+            fake = self.generator(noise)
+            both = tf.concat([fake, real], axis=0)
+            labels = tf.concat([tf.ones_like(real[:, :1]), tf.zeros_like(real[:, :1])], axis=0)
+            with tf.GradientTape() as tape:
+                d_loss = self.loss_fn(labels, self.discriminator(both))
+            grads = tape.gradient(d_loss, self.discriminator.trainable_weights)
+            self.d_optimizer.apply(grads, self.discriminator.trainable_weights)
+            with tf.GradientTape() as tape:
+                g_loss = self.loss_fn(tf.zeros_like(real[:, :1]),
+                                      self.discriminator(self.generator(noise)))
+            grads = tape.gradient(g_loss, self.generator.trainable_weights)
+            self.g_optimizer.apply(grads, self.generator.trainable_weights)
+            self.d_tracker.update_state(d_loss)
+            self.g_tracker.update_state(g_loss)
+            return {"d_loss": self.d_tracker.result(), "g_loss": self.g_tracker.result()}
+
+    with scope():
+        gan = GAN()
+        gan.compile(keras.optimizers.Adam(1e-3), keras.optimizers.Adam(1e-3))
+    history = gan.fit(tf.data.Dataset.from_tensor_slices((X, NOISE)).batch(GLOBAL_BATCH),
+                      epochs=EPOCHS, verbose=0)
+    return gan, history.history, {}
+
+
+def vae():
+    """keras.io's VAE: encoder, decoder, a KL term and three trackers (epsilon comes with the
+    data, as the GAN's noise)."""
+
+    class VAE(keras.Model):
+        def __init__(self, **kwargs):
+            super().__init__(**kwargs)
+            keras.utils.set_random_seed(1)
+            self.encoder = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, "relu"),
+                                             keras.layers.Dense(8)])
+            self.decoder = keras.Sequential([keras.Input((4,)), keras.layers.Dense(16, "relu"),
+                                             keras.layers.Dense(8)])
+            self.total_tracker = keras.metrics.Mean(name="total_loss")
+            self.reconstruction_tracker = keras.metrics.Mean(name="reconstruction_loss")
+            self.kl_tracker = keras.metrics.Mean(name="kl_loss")
+
+        @property
+        def metrics(self):
+            return [self.total_tracker, self.reconstruction_tracker, self.kl_tracker]
+
+        def train_step(self, data):
+            x, epsilon = data
+            with tf.GradientTape() as tape:
+                z_mean, z_log_var = tf.split(self.encoder(x), 2, axis=1)
+                z = z_mean + tf.exp(0.5 * z_log_var) * epsilon
+                reconstruction_loss = tf.reduce_mean(
+                    tf.reduce_sum(tf.square(x - self.decoder(z)), axis=1))
+                kl_loss = tf.reduce_mean(tf.reduce_sum(
+                    -0.5 * (1 + z_log_var - tf.square(z_mean) - tf.exp(z_log_var)), axis=1))
+                total_loss = reconstruction_loss + kl_loss
+                scaled = total_loss / tf.distribute.get_strategy().num_replicas_in_sync
+            grads = tape.gradient(scaled, self.trainable_weights)
+            self.optimizer.apply(grads, self.trainable_weights)
+            self.total_tracker.update_state(total_loss)
+            self.reconstruction_tracker.update_state(reconstruction_loss)
+            self.kl_tracker.update_state(kl_loss)
+            return {m.name: m.result() for m in self.metrics}
+
+    with scope():
+        model = VAE()
+        model.compile(keras.optimizers.Adam(1e-3))
+    history = model.fit(tf.data.Dataset.from_tensor_slices((X, NOISE)).batch(GLOBAL_BATCH),
+                        epochs=EPOCHS, verbose=0)
+    return model, history.history, {}
+
+
+def diverging_replicas():
+    """BatchNormalization as Keras ships it (kdist's fix removed): each replica's statistics
+    drift apart, and kdist's end-of-epoch check stops fit naming them and the replicas."""
+    if MODE == "one_device":
+        return batchnorm()
+    from kdist.keras_seam import patches
+
+    fix = patches.patch("batch_norm_statistics_averaged")
+    try:
+        with scope():
+            fix.uninstall()
+            model = dense_model(keras.layers.BatchNormalization())
+            model.compile(keras.optimizers.SGD(0.05), "mse")
+        model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    finally:
+        fix.install()
+    return model, {}, {}
+
+
+def jit_compile():
+    """XLA: TensorFlow cannot compile the all-reduce on CPU devices; kdist says so."""
+    return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.05), jit_compile=True)
+
+
+IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
+          clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
+          activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
+          classification_metrics, multi_output, dropout, custom_train_step,
+          custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile]
+
+
+# ------------------------------------------------------------------------------------ running
+def variables_of(model):
+    """Every variable of the model and its optimizers, in order, by position and name (paths
+    carry counters that depend on what ran before; Keras's accumulators hold one replica's
+    partial sums by design and are left out)."""
+    optimizers = [getattr(model, "d_optimizer", None), getattr(model, "g_optimizer", None)]
+    if optimizers == [None, None]:  # a GAN's compiled optimizer is unused
+        optimizers = [model.optimizer]
+    optimizers = [optimizer for optimizer in optimizers if optimizer is not None]
+    found = list(model.weights) + [v for optimizer in optimizers for v in optimizer.variables
+                                   if "accumulator" not in v.path]
+    return {f"{k:03d}:{variable.name}": variable for k, variable in enumerate(found)}
+
+
+def replica_difference(variables) -> tuple[float, str | None]:
+    """The largest difference between two replicas' copies of any variable in this process."""
+    strategy = kdist.current_strategy() if MODE != "one_device" else None
+    worst, name = 0.0, None
+    if strategy is None or strategy.num_replicas_in_sync == 1:
+        return worst, name
+    for path, variable in variables.items():
+        copies = strategy.experimental_local_results(variable.value)
+        if len(copies) < 2 or getattr(variable.value, "synchronization", None) == \
+                tf.VariableSynchronization.ON_READ:
+            continue
+        difference = max(float(np.abs(np.asarray(c) - np.asarray(copies[0])).max())
+                         for c in copies[1:])
+        if difference > worst:
+            worst, name = difference, path
+    return worst, name
+
+
+class Said(logging.Handler):
+    """What kdist logged while an idiom ran (its warnings are part of the outcome)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def run(idiom, folder):
+    said = Said()
+    logging.getLogger("kdist").addHandler(said)
+    try:
+        model, history, evaluation = idiom()
+    except Exception as error:  # the outcome under test: reported, the next idiom goes on
+        return {"ok": False, "error": f"{type(error).__name__}: {error}"[:8000],
+                "trace": traceback.format_exc()[-2000:], "warnings": said.lines}
+    finally:
+        logging.getLogger("kdist").removeHandler(said)
+    variables = variables_of(model)
+    np.savez(os.path.join(folder, f"{idiom.__name__}.npz"),
+             **{path: np.asarray(v.numpy(), dtype="float64") for path, v in variables.items()})
+    difference, where = replica_difference(variables)
+    return {"ok": True, "history": {k: [float(x) for x in v] for k, v in history.items()},
+            "evaluate": {k: float(v) for k, v in evaluation.items()},
+            "replica_difference": difference, "replica_difference_at": where,
+            "warnings": said.lines}
+
+
+def main():
+    task = ""
+    if MODE == "multi_worker":
+        kdist.strategy()  # before the first TensorFlow op, as the tutorials' order allows anyway
+        spec = kdist.cluster()
+        task = f"-{spec.task_type}{spec.task_index}"
+    folder = os.path.join(OUT, MODE + task)
+    os.makedirs(folder, exist_ok=True)
+    report = {idiom.__name__: run(idiom, folder) for idiom in IDIOMS
+              if ONLY is None or idiom.__name__ in ONLY}
+    with open(folder + ".json", "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"idioms {MODE}{task}: {sum(r['ok'] for r in report.values())}/{len(report)} trained")
+
+
+def largest_difference(first: dict, second: dict) -> float:
+    return max((float(np.abs(first[k] - second[k]).max()) for k in first.files), default=0.0)
+
+
+def compare():
+    """Each idiom's largest weight difference from one device, and whether it trained."""
+    one = json.load(open(os.path.join(OUT, "one_device.json")))
+    for mode in ("mirrored", "multi_worker-worker0"):
+        path = os.path.join(OUT, mode + ".json")
+        if not os.path.exists(path):
+            continue
+        report = json.load(open(path))
+        print(f"\n{mode}: idiom, weights vs one device, logs vs one device, replicas")
+        for name, outcome in report.items():
+            if not outcome["ok"] or not one[name]["ok"]:
+                print(f"  {name:32s} {outcome.get('error', one[name].get('error', ''))[:90]}")
+                continue
+            weights = largest_difference(np.load(os.path.join(OUT, "one_device", name + ".npz")),
+                                         np.load(os.path.join(OUT, mode, name + ".npz")))
+            logs = max((abs(a - b) for key, values in one[name]["history"].items()
+                        for a, b in zip(values, outcome["history"].get(key, [np.inf]))),
+                       default=0.0)
+            print(f"  {name:32s} {weights:10.2e} {logs:10.2e} {outcome['replica_difference']:10.2e}")
+
+
+if __name__ == "__main__":
+    compare() if MODE == "compare" else main()
