@@ -54,11 +54,17 @@ def _shard_function(model, variables):
 
     strategy = model.distribute_strategy
 
-    def step(state, batch):
+    def replica_step(state, batch):
+        # The scope is entered where test_step runs: strategy.run may run it in a thread of its
+        # own, where a scope entered around the call is not seen (Keras keeps it per thread) and
+        # the metric updates would go to the ps variables, racing with the other workers'.
         with keras.StatelessScope(state_mapping=list(zip(variables, state))) as scope:
-            strategy.run(model.test_step, args=(batch,))
+            model.test_step(batch)
         updated = (scope.get_current_value(variable) for variable in variables)
         return tuple(state if new is None else new for state, new in zip(state, updated))
+
+    def step(state, batch):
+        return strategy.run(replica_step, args=(state, batch))
 
     @tf.function
     def evaluate_shard(dataset, index, shards):

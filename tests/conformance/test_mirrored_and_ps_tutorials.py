@@ -1,9 +1,12 @@
 """Conformance: a Keras user's MirroredStrategy script and parameter-server script, each following
-its tutorial with the two kdist lines (programs/mirrored_tutorial.py, parameter_server_tutorial.py)."""
+its tutorial with the two kdist lines (programs/mirrored_tutorial.py, parameter_server_tutorial.py),
+and parameter-server evaluation of threshold metrics compared with one device (ps_metrics.py)."""
 
 import json
 import os
 import sys
+
+import pytest
 
 from conftest import ROOT, run_kdist, run_report
 
@@ -35,3 +38,41 @@ def test_parameter_server_tutorial_chief_two_workers_two_ps(tmp_path):
     assert report["files"] == ["ckpt.keras", "logs"]  # the backup is deleted when fit ends
     mixed = report["mixed_float16"]
     assert "error" not in mixed and mixed["loss"][-1] < mixed["loss"][0]
+
+
+def test_parameter_server_evaluation_equals_one_device_for_threshold_metrics(tmp_path):
+    """AUC, Precision and Recall evaluated on the workers (the default): after fit's validation,
+    repeated, and for a second model in the same process, each equal to plain Keras evaluating
+    the same weights on one device (the workers' metric updates once reached the ps variables
+    directly and raced: up to 0.05 off)."""
+    result = run_kdist(["launch", "--spec", "cluster_specs/local-ps.json", "--timeout", "300",
+                        "--", sys.executable, os.path.join(PROGRAMS, "ps_metrics.py"),
+                        str(tmp_path)], timeout=350)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+    report = json.load(open(tmp_path / "chief.json"))
+    for when, evaluation in report["evaluations"].items():
+        expected, got = evaluation["expected"], evaluation["got"]
+        assert set(expected) == {"loss", "accuracy", "auc", "precision", "recall", "pr_auc"}
+        for name, value in expected.items():
+            assert got[name] == pytest.approx(value, abs=1e-6), (when, name, got, expected)
+
+
+def test_the_keras_2_dataset_creator_says_what_to_write_in_keras_3(tmp_path):
+    """The tutorial's `keras.utils.experimental.DatasetCreator(dataset_fn)` (Keras 2)."""
+    import keras
+
+    import kdist  # noqa: F401
+    from kdist.keras_seam import patches
+
+    patches.install()
+    with pytest.raises(AttributeError, match=r"keras.utils.experimental.DatasetCreator is Keras "
+                                             r"2's .* model.fit\(dataset_fn, epochs=..., "
+                                             r"steps_per_epoch=...\)"):
+        keras.utils.experimental.DatasetCreator(lambda context: None)
+    patches.patch("keras2_names").uninstall()
+    try:
+        with pytest.raises(AttributeError, match="has no attribute 'experimental'"):
+            keras.utils.experimental  # upstream: a bare AttributeError
+    finally:
+        patches.install()
+
