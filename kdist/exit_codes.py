@@ -10,7 +10,9 @@ They follow the shell's conventions, so `kdist launch` composes with `timeout`, 
 
 OK = 0
 USAGE = 2  # a bad flag value, spec file or TF_CONFIG: the message names the field and the fix
+PEERS_MISSING = 69  # EX_UNAVAILABLE: other tasks never started within the start-up deadline
 PREEMPTED = 75  # EX_TEMPFAIL: a task saved its backup on SIGTERM; restarting it resumes
+HUNG = 76  # no training step completed within the hang timeout (kdist.watchdog, when asked)
 TIMED_OUT = 124  # as coreutils `timeout`
 NOT_EXECUTABLE = 126  # the program to run exists but cannot be executed (as the shell)
 NOT_FOUND = 127  # the program to run does not exist (as the shell)

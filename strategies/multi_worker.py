@@ -1,9 +1,10 @@
 """MultiWorkerMirroredStrategy: synchronous data parallelism across worker processes (collectives)."""
 
+from kdist import startup
 from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout",
-                     "devices"})
+                     "devices", "startup_timeout"})
 
 ORDERING_RULE = (
     "MultiWorkerMirroredStrategy must be created before any other TensorFlow operation runs in "
@@ -19,10 +20,19 @@ def build(cluster, options: StrategyOptions):
     # MWMS replicates over as many GPUs as the resolver counts (every local one by default).
     gpus = None if options.devices is None else replica_gpus(options.devices)
     resolver = cluster.resolver(num_gpus=gpus)
+    from kdist.keras_seam import tf_internals
+
+    if tf_internals.runtime_started():  # before waiting for anyone: TF would refuse anyway
+        raise RuntimeError(ORDERING_RULE)
+    if cluster.task_type in ("chief", "worker"):  # TF waits for them, mutely: kdist first
+        startup.wait_for_peers(cluster, startup.startup_timeout(options.startup_timeout),
+                               roles=("chief", "worker"),
+                               what="the workers of MultiWorkerMirroredStrategy")
     try:
-        strategy = tf.distribute.MultiWorkerMirroredStrategy(
-            cluster_resolver=resolver,
-            communication_options=options.communication_options())
+        with startup.signals_kept():
+            strategy = tf.distribute.MultiWorkerMirroredStrategy(
+                cluster_resolver=resolver,
+                communication_options=options.communication_options())
     except RuntimeError as err:
         if "at program startup" in str(err):
             raise RuntimeError(ORDERING_RULE) from err

@@ -36,6 +36,10 @@ class StrategyOptions:
             unreachable fails within this many seconds (default 60) instead of waiting forever;
             TF's coordination service then declares a task dead after 40% of it without a
             heartbeat.
+        startup_timeout: MultiWorkerMirrored and ParameterServer: seconds this task waits for
+            the other tasks to start (default: ``KDIST_STARTUP_TIMEOUT``, else 600), saying
+            whom it waits for meanwhile; then it exits with code 69 naming them
+            (`kdist.startup`).
         variable_partitioner: ParameterServer only; a `tf.distribute.experimental.partitioners`
             partitioner that shards large variables over the ps tasks.
         ps_evaluation: ParameterServer only; ``"workers"`` (default): `evaluate` and `fit`'s
@@ -51,6 +55,7 @@ class StrategyOptions:
     bytes_per_pack: int = 0
     collective_timeout: float | None = None
     dead_peer_timeout: float = 60.0
+    startup_timeout: float | None = None
     variable_partitioner: Callable | None = None
     ps_evaluation: str = "workers"
     ps_shard_input: bool = False
@@ -75,6 +80,11 @@ class StrategyOptions:
         if not isinstance(self.ps_shard_input, bool):
             raise ValueError(f"ps_shard_input={self.ps_shard_input!r}: use True (each worker reads "
                              "its own part of the data) or False (every worker reads all of it)")
+        if self.startup_timeout is not None and (isinstance(self.startup_timeout, bool) or not (
+                isinstance(self.startup_timeout, (int, float)) and 0 < self.startup_timeout
+                < float("inf"))):
+            raise ValueError(f"startup_timeout={self.startup_timeout!r}: use a positive number of "
+                             "seconds, or None for KDIST_STARTUP_TIMEOUT (default 600)")
         if isinstance(self.dead_peer_timeout, bool) or not (
                 isinstance(self.dead_peer_timeout, (int, float)) and self.dead_peer_timeout >= 3):
             raise ValueError(f"dead_peer_timeout={self.dead_peer_timeout!r}: use a number of seconds "

@@ -29,10 +29,6 @@ def options_of(strategy) -> StrategyOptions:
     return _options.get(strategy, StrategyOptions()) if strategy is not None else StrategyOptions()
 
 
-def built_by_kdist(strategy) -> bool:
-    return strategy is not None and strategy in _specs
-
-
 def cluster_of(strategy) -> ClusterSpec | None:
     """The cluster `strategy` runs on: the spec kdist built it for; for a multi-worker or
     parameter-server strategy built by hand, the cluster its own resolver describes; else None."""

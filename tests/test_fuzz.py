@@ -253,15 +253,19 @@ def test_pod_variables_end_in_a_tf_config_or_one_line(values):
 
 @ENV_EXAMPLES
 @given(text=env_text, name=st.sampled_from(["KDIST_CHIEF_GRACE", "KDIST_CHIEF_START_TIMEOUT",
-                                            "KDIST_STRATEGY"]))
+                                            "KDIST_STRATEGY", "KDIST_STARTUP_TIMEOUT"]))
 def test_duration_and_strategy_variables_end_in_a_value_or_one_line(text, name):
     import importlib
+
+    from kdist import startup
 
     scope = importlib.import_module("kdist.scope")  # the module (kdist.scope is the function)
     serve = importlib.import_module("kdist.ps.serve")
     with _variable(name, text):
         if name == "KDIST_STRATEGY":
             one_line_or_nothing(lambda: scope._requested_name("auto"))
+        elif name == "KDIST_STARTUP_TIMEOUT":
+            one_line_or_nothing(startup.startup_timeout)
         else:
             one_line_or_nothing(lambda: serve._seconds(None, name, 10.0))
 

@@ -17,10 +17,10 @@ from __future__ import annotations
 import logging
 import math
 import os
-import socket
 import sys
 import time
 
+from kdist import startup
 from kdist.cluster import ClusterSpec, cluster
 from kdist.validators import UsageError
 
@@ -28,18 +28,19 @@ logger = logging.getLogger("kdist")
 
 CHIEF_GRACE_ENV = "KDIST_CHIEF_GRACE"  # seconds the chief may be unreachable before servers exit
 CHIEF_START_ENV = "KDIST_CHIEF_START_TIMEOUT"  # seconds servers wait for the chief to come up
+# (default: KDIST_STARTUP_TIMEOUT, every task's start-up deadline, `kdist.startup`)
 
 
 def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
           chief_start_timeout: float | None = None, poll: float = 1.0) -> None:
     """Serves this ps/worker task until the chief has finished, then exits the process (code 0;
-    code 1 if the chief never came up within `chief_start_timeout`)."""
+    code 69 if the chief never came up within `chief_start_timeout`, saying so every 30 s)."""
     spec = spec or cluster()
     if spec.task_type not in ("ps", "worker") or not spec.has_ps:
         raise RuntimeError(f"task {spec.task}: kdist.serve() runs the ps and worker tasks of a "
                            "parameter-server cluster; the chief trains, other clusters use scope()")
     chief_grace = _seconds(chief_grace, CHIEF_GRACE_ENV, 10.0)
-    chief_start_timeout = _seconds(chief_start_timeout, CHIEF_START_ENV, 600.0)
+    chief_start_timeout = _seconds(chief_start_timeout, CHIEF_START_ENV, startup.startup_timeout())
     import tensorflow as tf
 
     # Fail fast on a lost peer and let the coordinator reschedule (TF's advice for ps training).
@@ -49,40 +50,27 @@ def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
     chief = spec.address("chief", 0)
     logger.info("kdist: task %s serving at %s until the chief (%s) finishes", spec.task,
                 server.target, chief)
-    code = 0 if wait_for_chief(chief, chief_grace, chief_start_timeout, poll) else 1
-    if code:
-        logger.error("kdist: the chief at %s did not come up within %.0fs (%s): exiting", chief,
-                     chief_start_timeout, CHIEF_START_ENV)
-    else:
+    try:
+        startup.wait_for_peers(spec, chief_start_timeout, roles=("chief",), what="the chief",
+                               hold_own_port=False, deadline_from=CHIEF_START_ENV
+                               if os.environ.get(CHIEF_START_ENV) else startup.STARTUP_TIMEOUT_ENV)
+        wait_for_chief_to_end(chief, chief_grace, poll)
+        code = 0
         logger.info("kdist: the chief finished; task %s exits", spec.task)
+    except startup.PeersMissing as missing:
+        code = missing.code
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)  # TF's server threads never join: leave without waiting for them
 
 
-def wait_for_chief(address: str, grace: float, start_timeout: float, poll: float = 1.0) -> bool:
-    """Blocks until the chief at `address` was reachable and then unreachable for `grace` seconds
-    (True), or never became reachable within `start_timeout` seconds (False)."""
-    started = time.monotonic()
-    while not _reachable(address):
-        if time.monotonic() - started > start_timeout:
-            return False
-        time.sleep(poll)
+def wait_for_chief_to_end(address: str, grace: float, poll: float = 1.0) -> None:
+    """Blocks until the chief at `address`, up now, has been unreachable for `grace` seconds."""
     last_seen = time.monotonic()
     while time.monotonic() - last_seen < grace:
         time.sleep(poll)
-        if _reachable(address):
+        if startup.probe(address) is None:
             last_seen = time.monotonic()
-    return True
-
-
-def _reachable(address: str, timeout: float = 1.0) -> bool:
-    host, _, port = address.rpartition(":")
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
-    except OSError:
-        return False
-    return True
 
 
 def _seconds(value: float | None, env: str, default: float) -> float:
