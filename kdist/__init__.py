@@ -11,6 +11,7 @@ import logging as _logging
 import os as _os
 import sys as _sys
 
+from kdist import failure as _failure
 from kdist.cluster import ClusterSpec, ClusterSpecError, cluster
 from kdist.devices import split_cpu
 from kdist import scope as _scope_module
@@ -118,6 +119,7 @@ def _running_the_command_line() -> bool:
 
 
 _hooks.connect(_KdistHooks())  # kdist's features at the seam's hook points (kdist.keras_seam)
+_failure.install()  # an uncaught exception leaves a record where the platform shows it
 _outside = _versions.outside_range_line()
 if _outside:
     _logger.warning(_outside)

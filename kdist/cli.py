@@ -99,6 +99,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="with --max-restarts: restart without a chief/worker that fails "
                              "twice in a row (a lost host), down to this many workers; the script "
                              "sees KDIST_WORLD_SIZE_CHANGE=N->K")
+    launch.add_argument("--log-dir", default=None,
+                        help="also write each task's whole output to LOG_DIR/<task>.log "
+                             "(appended across restarts) and the summary to "
+                             "LOG_DIR/summary.json")
+    launch.add_argument("--summary", default=None, metavar="FILE",
+                        help="write the end-of-job summary (first failure, every task's outcome) "
+                             "as JSON to FILE")
+    launch.add_argument("--tf-logs", action="store_true",
+                        help="keep TensorFlow's C++ start-up logging in the output (left out by "
+                             "default; the --log-dir files always keep it)")
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
 
     validate = commands.add_parser("validate", help="check a cluster-spec file")
@@ -339,9 +349,15 @@ def _launch(args) -> int:
         from kdist.launch.private_network import enter_private_network
 
         enter_private_network()
+    _output_file(args.summary, "--summary")
+    if args.log_dir is not None and os.path.exists(args.log_dir) and \
+            not os.path.isdir(args.log_dir):
+        raise ClusterSpecError("--log-dir", f"{args.log_dir!r} is not a directory",
+                               "give a directory (created if missing)")
     launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
                         grace=args.grace, max_restarts=args.max_restarts,
-                        min_workers=args.min_workers)
+                        min_workers=args.min_workers, log_dir=args.log_dir,
+                        summary=args.summary, tf_logs=args.tf_logs)
     return launcher.run()
 
 

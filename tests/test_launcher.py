@@ -294,3 +294,73 @@ def test_evaluator_gets_its_own_task_next_to_the_training_cluster(tmp_path):
                  if line.startswith("[evaluator-0] {")]
     assert len(evaluator) == 1 and evaluator[0]["task"] == {"type": "evaluator", "index": 0}
     assert len(evaluator[0]["cluster"]["worker"]) == 2
+
+
+# ------------------------------------------------------------------ the summary (issue 40)
+def test_the_first_failure_is_named_with_its_exception_time_and_last_lines(tmp_path):
+    summary = tmp_path / "summary.json"
+    result = launch(tmp_path, ["--workers", "3"], "worker:1=raise", "*=sleep",
+                    extra=["--summary", str(summary)])
+    assert result.returncode == 1, result.stdout
+    out = result.stdout
+    assert "[worker-1] kdist: task worker:1 failed: ValueError: bad shape (3, 4) for the kernel" \
+        in out  # the task's own line, for platforms kdist does not launch on
+    assert re.search(r"\[kdist\] summary: failed with exit code 1 after [\d.]+ s\n", out)
+    assert re.search(r"\[kdist\]   first failure: worker-1 at [\d.]+ s: raised ValueError: bad "
+                     r"shape \(3, 4\) for the kernel\n", out)
+    assert "[kdist]     | ValueError: bad shape (3, 4) for the kernel" in out  # its last lines
+    for other in ("worker-0", "worker-2"):
+        assert re.search(rf"\[kdist\]   {other}: stopped by kdist because worker-1 failed at", out)
+    saved = json.loads(summary.read_text())
+    assert saved["state"] == "failed" and saved["exit_code"] == 1
+    first = saved["first_failure"]
+    assert first["task"] == "worker-1" and first["exception"]["type"] == "ValueError"
+    assert first["exception"]["message"] == "bad shape (3, 4) for the kernel"
+    assert first["last_lines"][-1] == "ValueError: bad shape (3, 4) for the kernel"
+    assert [t["stopped_by"] for t in saved["tasks"] if t["task"] != "worker-1"] == \
+        ["worker-1 failed"] * 2
+    assert_all_gone(tmp_path, ["worker:0", "worker:1", "worker:2"])
+
+
+def test_a_task_killed_like_the_out_of_memory_killer_is_named_with_its_signal(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:0=kill9", "*=sleep")
+    assert result.returncode == 137, result.stdout
+    assert re.search(r"first failure: worker-0 at [\d.]+ s: killed by SIGKILL \(signal 9\): "
+                     r"something outside the task killed it; the out-of-memory killer does this",
+                     result.stdout)
+    assert "worker-1: stopped by kdist because worker-0 failed" in result.stdout
+
+
+def test_success_ends_with_every_tasks_outcome_and_the_duration(tmp_path):
+    result = launch(tmp_path, ["--chief", "--workers", "1"], "*=exit0")
+    assert result.returncode == 0, result.stdout
+    assert re.search(r"\[kdist\] summary: succeeded with exit code 0 after [\d.]+ s\n",
+                     result.stdout)
+    for task in ("chief-0", "worker-0"):
+        assert re.search(rf"\[kdist\]   {task}: succeeded at [\d.]+ s", result.stdout)
+
+
+def test_restarts_are_counted_and_the_summary_tells_the_earlier_failure(tmp_path):
+    result = launch(tmp_path, ["--workers", "2"], "worker:1@0=exit3", "*=exit0",
+                    extra=["--max-restarts", "1"])
+    assert result.returncode == 0, result.stdout
+    assert "summary: succeeded with exit code 0 after" in result.stdout
+    assert "and 1 restart(s)" in result.stdout
+    assert "earlier attempt: worker-1: exit code 3" in result.stdout
+
+
+def test_tensorflow_startup_noise_and_progress_bars_read_cleanly_and_logs_keep_all(tmp_path):
+    logs = tmp_path / "logs"
+    result = launch(tmp_path, ["--workers", "1"], "*=chatter", extra=["--log-dir", str(logs)])
+    assert result.returncode == 0, result.stdout
+    lines = [line for line in result.stdout.splitlines() if line.startswith("[worker-0]")]
+    assert lines[-3:] == ["[worker-0] Epoch 1/1", "[worker-0] 3/3 \u2501\u2501\u2501\u2501 - loss: 0.3",
+                          "[worker-0] done"], lines
+    assert not any(word in result.stdout for word in ("I0000", "InitializeLog", "cuInit", "\x1b"))
+    whole = (logs / "worker-0.log").read_text()
+    assert whole.startswith("=== kdist launch: attempt 0 of worker-0")
+    assert "I0000" in whole and "cuInit" in whole and "\x1b[1m1/3" in whole  # as it came
+    assert json.loads((logs / "summary.json").read_text())["state"] == "succeeded"
+    kept = launch(tmp_path, ["--workers", "1"], "*=chatter", extra=["--tf-logs"])
+    assert "I0000" in kept.stdout and "cuInit" in kept.stdout
+

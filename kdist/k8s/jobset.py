@@ -88,7 +88,7 @@ def trainjob(spec: KubernetesSpec, command: list[str], image: str, namespace: st
                                f"training nodes; this spec also has {', '.join(others)}",
                                "use roles: {worker: N} (MultiWorkerMirrored), or --format jobset")
     container = {"name": pod.TRAINER_NODE, "image": image, "command": ["kdist", "exec", "--"],
-                 "env": downward_env()}
+                 "env": downward_env(), "terminationMessagePolicy": "FallbackToLogsOnError"}
     node = {"name": pod.TRAINER_NODE,
             "template": _job_template(spec, container, {}, None, {ANCESTOR_LABEL: "trainer"})}
     runtime = {"apiVersion": TRAINER_API_VERSION, "kind": "TrainingRuntime",

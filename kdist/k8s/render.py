@@ -93,7 +93,9 @@ def render(spec: KubernetesSpec, command: list[str], namespace: str = "default",
 
 def _container(spec, role, image, command, env):
     container = {"name": "tensorflow", "image": image, "command": command,
-                 "ports": [{"name": "grpc", "containerPort": spec.port}], "env": env}
+                 "ports": [{"name": "grpc", "containerPort": spec.port}], "env": env,
+                 # a task's failure record (kdist.failure), else the end of its log
+                 "terminationMessagePolicy": "FallbackToLogsOnError"}
     resources = spec.resources.get(role)
     if resources:
         container["resources"] = resources

@@ -34,6 +34,12 @@ exit code, as without `min_workers`.
 Before any task starts, the program is looked up: a missing one fails with 127 and one that is not
 executable with 126 (the shell's codes), and no process is left behind.
 
+The launcher is the policy (this state machine, the restarts); starting, relaying and stopping the
+processes is `kdist.launch.group.TaskGroup`'s. Whatever the outcome, the output ends with a
+summary (`kdist.launch.summary`): the first task that failed, how (its exception, a signal, an
+exit code), when and its last lines, and what became of every other task; ``summary`` saves it
+as JSON, ``log_dir`` keeps each task's whole output in ``LOG_DIR/<task>.log``.
+
 Extend it without subclassing: `task_command(task_type, index) -> (argv, env)` gives each task its
 own command line and environment (`kdist k8s simulate` runs each pod in its own network namespace
 this way), and `address_policy(spec)` decides which addresses may be launched here.
@@ -51,21 +57,21 @@ True
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import enum
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import threading
 import time
 from typing import IO, Callable, Sequence
 
 from kdist import exit_codes, validators
-from kdist.validators import UsageError
 from kdist.cluster.spec import ClusterSpec
+from kdist.launch import summary as summaries
+from kdist.launch.group import TaskGroup, TaskRun
+from kdist.validators import UsageError
 
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
 RESTART_ENV = "KDIST_RESTART_COUNT"
@@ -130,30 +136,6 @@ def require_loopback(spec: ClusterSpec) -> None:
                          "127.0.0.1 addresses")
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGKILL us when the launcher dies."""
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: the signal handlers still clean up
-        pass
-
-
-class Task:
-    """One child process of the cluster."""
-
-    def __init__(self, task_type: str, index: int, process: subprocess.Popen):
-        self.task_type, self.index, self.process = task_type, index, process
-
-    @property
-    def name(self) -> str:
-        return f"{self.task_type}-{self.index}"
-
-    def poll(self) -> int | None:
-        code = self.process.poll()
-        return None if code is None else exit_codes.of_returncode(code)
-
-
 class Launcher:
     """Starts every task of `spec`, supervises them, returns the job's exit code.
 
@@ -172,6 +154,10 @@ class Launcher:
             the task's TF_CONFIG added to `env`.
         address_policy: `(spec) -> None`, raises ValueError for addresses this launcher may not
             run; default `require_loopback`.
+        log_dir: a folder for each task's whole output (`LOG_DIR/<task>.log`, appended across
+            restarts) and the summary (`LOG_DIR/summary.json`).
+        summary: a file for the summary as JSON (default: `LOG_DIR/summary.json` with `log_dir`).
+        tf_logs: keep TensorFlow's C++ start-up logging in the output (always in the log files).
     """
 
     def __init__(self, spec: ClusterSpec, command: Sequence[str] | None,
@@ -179,7 +165,8 @@ class Launcher:
                  output: IO[str] | None = None, env: dict[str, str] | None = None,
                  max_restarts: int = 0, min_workers: int | None = None,
                  task_command: Callable[[str, int], tuple[list[str], dict]] | None = None,
-                 address_policy: Callable[[ClusterSpec], None] = require_loopback):
+                 address_policy: Callable[[ClusterSpec], None] = require_loopback,
+                 log_dir: str | None = None, summary: str | None = None, tf_logs: bool = False):
         validators.non_negative_int(max_restarts, "--max-restarts")
         if timeout is not None:
             validators.positive_number(timeout, "--timeout")
@@ -202,21 +189,30 @@ class Launcher:
         self._failed_before: str | None = None  # the task that failed the previous attempt
         self.output = output or sys.stdout
         self.env = dict(os.environ if env is None else env)
+        self.log_dir, self.tf_logs = log_dir, tf_logs
+        self.summary_path = summary or (os.path.join(log_dir, "summary.json") if log_dir else None)
         self.state = State.RUNNING
         self.outcome: Outcome | None = None
-        self.tasks: list[Task] = []
+        self.summary: summaries.Summary | None = None
+        self.group: TaskGroup | None = None
         self._lock = threading.Lock()
-        self._readers: list[threading.Thread] = []
         self._signal: int | None = None
-        self._reported: set[Task] = set()
+        self._reported: set[TaskRun] = set()
         self._chief_deadline: float | None = None
+        self._earlier: list[str] = []  # the failure that restarted each earlier attempt
+        self._launched = time.monotonic()
 
     # ------------------------------------------------------------------ public
     def run(self) -> int:
-        """Runs the job (restarting it as allowed); returns its exit code (see `outcome`)."""
+        """Runs the job (restarting it as allowed); returns its exit code (see `outcome`, and
+        `summary` for how each task ended)."""
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
-        deadline = None if self.timeout is None else time.monotonic() + self.timeout
+        self._launched, launched_at = time.monotonic(), time.time()
+        oom_before = summaries.oom_kills()
+        deadline = None if self.timeout is None else self._launched + self.timeout
         try:
+            if self.log_dir:
+                os.makedirs(self.log_dir, exist_ok=True)
             while True:
                 self._start_all()
                 self.outcome = self._supervise(deadline)
@@ -225,8 +221,9 @@ class Launcher:
                     return self.outcome.exit_code
                 self._restart(self.outcome.task)
         finally:
-            self._stop_all()
-            self._join_readers()
+            if self.group is not None:
+                self._close_group()
+                self._report_summary(launched_at, summaries.oom_kills() - oom_before)
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -240,8 +237,10 @@ class Launcher:
     # ------------------------------------------------------------------ states
     def _restart(self, failed: str | None) -> None:
         self.state = State.RESTARTING
-        self._stop_all()
-        self._join_readers()
+        first = self._task(*failed.rsplit("-", 1)) if failed else None
+        self._earlier.append(f"{failed}: {summaries.describe(first.poll())}" if first is not None
+                             else "failed")
+        self._close_group()
         self.restarts += 1
         lost = self._lost_task(failed)
         if lost is None:
@@ -255,7 +254,7 @@ class Launcher:
                      f"{self.spec.num_workers} worker(s) (--min-workers {self.min_workers}) "
                      f"({self.restarts}/{self.max_restarts}); they see {RESTART_ENV}="
                      f"{self.restarts} and {WORLD_SIZE_CHANGE_ENV}={self._world_size_change()}")
-        self.tasks, self._readers, self._reported = [], [], set()
+        self._reported = set()
         self._chief_deadline = None
         self.state = State.RUNNING
 
@@ -271,6 +270,11 @@ class Launcher:
     def _world_size_change(self) -> str | None:
         now = self.spec.num_workers
         return None if now == self.initial_workers else f"{self.initial_workers}->{now}"
+
+    @property
+    def tasks(self) -> list[TaskRun]:
+        """The processes of the attempt running now."""
+        return self.group.tasks if self.group is not None else []
 
     def _supervise(self, deadline: float | None) -> Outcome:
         leader = self._task(*self.spec.leader)
@@ -291,6 +295,7 @@ class Launcher:
                     time.sleep(0.1)
                     continue
                 self.log(f"{failed.name} exited with code {failed.poll()}: stopping the other tasks")
+                self.group.stop(self.tasks, because=f"{failed.name} failed")
                 return Outcome(State.FAILED, failed.poll(), failed.name)
             if self.state is State.RUNNING and leader.poll() == 0:
                 self.state = State.FINISHING
@@ -303,6 +308,8 @@ class Launcher:
                 if not running or time.monotonic() > finish_by:
                     if running:
                         self.log("grace period over: stopping " + ", ".join(t.name for t in running))
+                        self.group.stop(running, because=f"{leader.name} had succeeded "
+                                                         f"{self.grace:g} s before")
                     return Outcome(State.SUCCEEDED, exit_codes.OK, leader.name)
             time.sleep(0.1)
 
@@ -320,7 +327,7 @@ class Launcher:
                 self._reported.add(task)
                 self.log(f"{task.name} exited with code {code} {reason}".replace(" ;", ";"))
 
-    def _chief_reports(self, failed: Task, leader: Task) -> bool:
+    def _chief_reports(self, failed: TaskRun, leader: TaskRun) -> bool:
         """A lost ps is the chief's to report (tasks are polled chief first, so once the chief
         fails its code wins): True while the chief runs, for at most `grace` seconds."""
         if failed.task_type != "ps" or leader.poll() is not None:
@@ -331,12 +338,15 @@ class Launcher:
                      f"{self.grace:g}s for the chief to report it")
         return time.monotonic() < self._chief_deadline
 
-    def _tolerated(self, task: Task) -> bool:
+    def _tolerated(self, task: TaskRun) -> bool:
         """Workers of a parameter-server cluster may die: the coordinator replaces them."""
         return self.spec.has_ps and task.task_type == "worker"
 
     # ------------------------------------------------------------------ processes
     def _start_all(self) -> None:
+        self.group = TaskGroup(self.output, self._lock, self.log_dir, self.tf_logs,
+                               self.stop_timeout)
+        tasks = []
         for task_type, index in self.spec.tasks():
             argv, env = self.task_command(task_type, index)
             env = dict(env, PYTHONUNBUFFERED="1")
@@ -344,60 +354,63 @@ class Launcher:
             change = self._world_size_change()
             if change:
                 env[WORLD_SIZE_CHANGE_ENV] = change
-            try:
-                process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                           stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                           start_new_session=True, preexec_fn=_die_with_parent,
-                                           text=True, errors="replace", bufsize=1)
-            except OSError:  # gone or changed since the check: the same errors, run() cleans up
-                check_program(argv)
-                raise
-            self.tasks.append(Task(task_type, index, process))
+            tasks.append((task_type, index, argv, env))
+        if self.log_dir:  # one header per attempt in each task's log
+            for task_type, index, _, _ in tasks:
+                with safe_log(self.log_dir, f"{task_type}-{index}") as log:
+                    log.write(f"=== kdist launch: attempt {self.restarts} of {task_type}-{index}, "
+                              f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
+        self.group.start(tasks, on_error=check_program)
         self.log(f"started {len(self.tasks)} task(s): "
                  + ", ".join(f"{t.name}={self.spec.address(t.task_type, t.index)}"
                              for t in self.tasks))
-        for task in self.tasks:  # after every fork: no thread exists while preexec_fn runs
-            reader = threading.Thread(target=self._pump, args=(task,), daemon=True)
-            reader.start()
-            self._readers.append(reader)
 
-    def _pump(self, task: Task) -> None:
-        prefix = f"[{task.name}] "
-        for line in task.process.stdout:
-            self._write(prefix + line if line.endswith("\n") else prefix + line + "\n")
+    def _close_group(self) -> None:
+        """Stops what still runs of this attempt (recording why) and waits for its output."""
+        why = {State.INTERRUPTED: "the launcher received a signal",
+               State.TIMED_OUT: f"the job timed out after {self.timeout:g} s"
+               if self.timeout else "the job timed out"}.get(self.state, "the launcher ended")
+        self.group.stop(self.tasks, because=why)
+        self.group.close()
+
+    def _report_summary(self, launched_at: float, oom_kills: int) -> None:
+        self.summary = self._summary(launched_at, oom_kills)
+        for line in self.summary.lines():
+            self.log(line)
+        if self.summary_path:
+            self.summary.save(self.summary_path)
+            self.log(f"summary saved in {self.summary_path}")
+
+    def _summary(self, launched_at: float, oom_kills: int) -> summaries.Summary:
+        ends = [summaries.TaskEnd(t.name, t.poll(),
+                                  None if t.ended is None else t.ended - self._launched,
+                                  t.stopped_by, t.failure(), list(t.lines), t.log_path)
+                for t in self.tasks]
+        failed = [e for e in ends if e.exit_code not in (0, None) and e.stopped_by is None]
+        first = min(failed, key=lambda e: e.at if e.at is not None else float("inf"),
+                    default=None)
+        outcome = self.outcome or Outcome(self.state, exit_codes.OK)
+        return summaries.Summary(outcome.state.value, outcome.exit_code, launched_at,
+                                 time.monotonic() - self._launched, self.restarts, first, ends,
+                                 list(self._earlier), oom_kills)
+
+    def _task(self, task_type: str, index) -> TaskRun:
+        return next(t for t in self.tasks if (t.task_type, t.index) == (task_type, int(index)))
 
     def _write(self, text: str) -> None:
         with self._lock:
             self.output.write(text)
             self.output.flush()
 
-    def _stop(self, tasks: list[Task]) -> None:
-        """SIGTERM each task's process group, then SIGKILL what is left after `stop_timeout`."""
-        alive = [t for t in tasks if t.poll() is None]
-        for task in alive:
-            _signal_group(task.process, signal.SIGTERM)
-        deadline = time.monotonic() + self.stop_timeout
-        for task in alive:
-            try:
-                task.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        for task in tasks:
-            _signal_group(task.process, signal.SIGKILL)  # also reaps grandchildren left behind
-            task.process.wait()
-
-    def _stop_all(self) -> None:
-        self._stop(self.tasks)
-
-    def _join_readers(self) -> None:
-        for reader in self._readers:
-            reader.join(timeout=5)
-
-    def _task(self, task_type: str, index: int) -> Task:
-        return next(t for t in self.tasks if (t.task_type, t.index) == (task_type, index))
-
     def _on_signal(self, signum, frame) -> None:
         self._signal = signum
+
+
+def safe_log(log_dir: str, name: str):
+    """A task's log file in `log_dir`, opened to append (never through a planted symlink)."""
+    from kdist import safe_files
+
+    return safe_files.open_for_append(os.path.join(log_dir, f"{name}.log"))
 
 
 def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_command) -> None:
@@ -417,10 +430,3 @@ def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_c
     if task_command is not None:
         raise UsageError("min_workers", "a custom task_command renders its own tasks, so the "
                          "launcher cannot drop one", "use the default task command")
-
-
-def _signal_group(process: subprocess.Popen, sig: int) -> None:
-    try:
-        os.killpg(process.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

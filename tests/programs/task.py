@@ -2,8 +2,10 @@
 
 TASK is e.g. `worker:1` or `*`, optionally with `@R` to apply on restart R only (`worker:1@0`,
 from KDIST_RESTART_COUNT); ACTION is `exitN` (exit with code N), `exitN@S` (the same after S
-seconds), `sleep` (serve forever, like a ps), `print` (print TF_CONFIG and exit 0) or `waitN` (sleep N
-seconds, exit 0). Writes its pid to PID_DIR/<task>.pid first; an exit or wait starts only once
+seconds), `sleep` (serve forever, like a ps), `print` (print TF_CONFIG and exit 0), `waitN` (sleep N
+seconds, exit 0), `raise` (import kdist, then end on an uncaught ValueError), `kill9` (SIGKILL
+itself, as the out-of-memory killer would) or `chatter` (print TensorFlow's C++ start-up lines and
+a Keras progress bar, as a training task does, and exit 0). Writes its pid to PID_DIR/<task>.pid first; an exit or wait starts only once
 every task of the cluster has written its pid (so a test never races a task that has not
 started yet on a busy machine).
 """
@@ -46,3 +48,21 @@ elif action.startswith("wait"):
 elif action == "sleep":
     while True:
         time.sleep(1)
+elif action == "raise":
+    import kdist  # noqa: F401  (its failure record)
+
+    wait_for_every_task()
+    raise ValueError("bad shape (3, 4) for the kernel")
+elif action == "kill9":
+    import signal
+
+    wait_for_every_task()
+    os.kill(os.getpid(), signal.SIGKILL)
+elif action == "chatter":
+    print("WARNING: All log messages before absl::InitializeLog() is called are written to STDERR")
+    print("I0000 00:00:1795515054.931264   26186 port.cc:153] oneDNN custom operations are on.")
+    print("E0000 00:00:1795515054.931264   26186 cuda_platform.cc:52] failed call to cuInit: x")
+    print("Epoch 1/1")
+    bar = "\x1b[1m{0}/3\x1b[0m \x1b[32m" + "\u2501" * 4 + "\x1b[0m - loss: 0.{0}"
+    sys.stdout.write("".join("\r" + bar.format(n) + "\b" * 3 for n in (1, 2, 3)) + "\n")
+    print("done")

@@ -1,0 +1,86 @@
+"""A task's own record of why it failed, where its platform shows it.
+
+`import kdist` chains `sys.excepthook`: when the program ends on an uncaught exception, the task
+writes a record (task, exception type and message, the end of the traceback, time) and one line
+``kdist: task worker:1 failed: ValueError: ...`` on stderr (Slurm's output file, Ray's and
+`kubectl logs`), then Python prints the traceback as usual. The record goes
+
+- to ``KDIST_FAILURE_FILE`` (JSON), which `kdist launch` sets for each task and reads into its
+  summary (`kdist.launch.summary`);
+- to ``/dev/termination-log`` when the process can write it: Kubernetes shows it as the pod's
+  termination message (``kubectl describe pod``, the Job's status), which kdist's rendered pods
+  also fall back to the log's end for (``terminationMessagePolicy: FallbackToLogsOnError``).
+
+A task killed by a signal (SIGKILL, the out-of-memory killer) writes nothing: the launcher and the
+platform report the signal. Files are created without following a symlink and without widening
+the process's umask (`kdist.safe_files`).
+
+>>> record = record_of(ValueError("bad shape"), task="worker:1")
+>>> record["task"], record["type"], record["message"]
+('worker:1', 'ValueError', 'bad shape')
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+FILE_ENV = "KDIST_FAILURE_FILE"
+TERMINATION_LOG = "/dev/termination-log"
+TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
+_installed = False
+
+
+def record_of(error: BaseException, task: str | None = None) -> dict:
+    """What a task says about the exception it is ending on."""
+    trace = traceback.format_exception(type(error), error, error.__traceback__)
+    return {"task": task or _task(), "pid": os.getpid(), "time": time.time(),
+            "type": type(error).__name__, "message": str(error)[:2000],
+            "traceback": "".join(trace).splitlines()[-40:]}
+
+
+def install() -> None:
+    """Chains `sys.excepthook` with the record (once per process)."""
+    global _installed
+    if _installed:
+        return
+    _installed = True
+    previous = sys.excepthook
+
+    def hook(kind, error, trace):
+        if not issubclass(kind, KeyboardInterrupt):
+            try:
+                write(record_of(error))
+            except Exception:  # noqa: BLE001 (never hide the program's own exception)
+                pass
+        previous(kind, error, trace)
+
+    sys.excepthook = hook
+
+
+def write(record: dict) -> None:
+    """The record's line on stderr, its JSON to KDIST_FAILURE_FILE, its text to the termination
+    log where there is one."""
+    from kdist import safe_files
+
+    line = f"kdist: task {record['task']} failed: {record['type']}: {record['message']}"
+    print(line.splitlines()[0][:1000], file=sys.stderr, flush=True)
+    path = os.environ.get(FILE_ENV)
+    if path:
+        safe_files.write_text(path, json.dumps(record))
+    if os.access(TERMINATION_LOG, os.W_OK):
+        text = "\n".join([line, *record["traceback"][-15:]])
+        with open(TERMINATION_LOG, "w", encoding="utf-8") as f:
+            f.write(text.encode()[-TERMINATION_LIMIT:].decode(errors="ignore"))
+
+
+def _task() -> str:
+    try:
+        from kdist.cluster import cluster
+
+        return cluster().task or "local"
+    except Exception:  # noqa: BLE001 (a bad TF_CONFIG is the error being reported, maybe)
+        return "local"

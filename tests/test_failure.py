@@ -1,0 +1,73 @@
+"""A task's own failure record (kdist.failure): where kdist does not launch (Kubernetes, Slurm,
+Ray), the task says why it failed where its platform shows it."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import QUIET_TF, ROOT
+from kdist import failure
+from kdist.cluster.spec_file import read_k8s_spec
+from kdist.k8s import render
+
+
+def test_an_uncaught_exception_leaves_a_record_and_one_line(tmp_path):
+    record = tmp_path / "record.json"
+    tf_config = json.dumps({"cluster": {"worker": ["127.0.0.1:1", "127.0.0.1:2"]},
+                            "task": {"type": "worker", "index": 1}})
+    result = subprocess.run([sys.executable, "-c", "import kdist\nraise KeyError('labels')"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **QUIET_TF, "TF_CONFIG": tf_config,
+                                 "KDIST_EAGER_MULTI_WORKER": "0",
+                                 failure.FILE_ENV: str(record)})
+    assert result.returncode == 1
+    assert "kdist: task worker:1 failed: KeyError: 'labels'" in result.stderr
+    assert result.stderr.rstrip().endswith("KeyError: 'labels'")  # Python's traceback follows
+    saved = json.loads(record.read_text())
+    assert (saved["task"], saved["type"], saved["message"]) == ("worker:1", "KeyError", "'labels'")
+    assert saved["traceback"][-1] == "KeyError: 'labels'"
+
+
+def test_ctrl_c_leaves_no_record(tmp_path):
+    record = tmp_path / "record.json"
+    result = subprocess.run([sys.executable, "-c", "import kdist\nraise KeyboardInterrupt"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **QUIET_TF, failure.FILE_ENV: str(record)})
+    assert result.returncode != 0 and not record.exists() and "kdist: task" not in result.stderr
+
+
+def test_the_kubernetes_termination_message_gets_the_line_and_the_traceback(tmp_path, monkeypatch):
+    log = tmp_path / "termination-log"
+    log.write_text("")
+    monkeypatch.setattr(failure, "TERMINATION_LOG", str(log))
+    monkeypatch.delenv(failure.FILE_ENV, raising=False)
+    try:
+        raise ValueError("no such column 'price'")
+    except ValueError as error:
+        failure.write(failure.record_of(error, task="worker:0"))
+    text = log.read_text()
+    assert text.startswith("kdist: task worker:0 failed: ValueError: no such column 'price'\n")
+    assert "Traceback" in text and len(text.encode()) <= failure.TERMINATION_LIMIT
+
+
+@pytest.mark.parametrize("fmt", render.FORMATS)
+def test_rendered_pods_fall_back_to_the_logs_end_for_their_termination_message(fmt):
+    spec = read_k8s_spec("cluster_specs/k8s-mwms.yaml")
+    documents = render.render(spec, ["python", "train.py"], image="registry/train:1", fmt=fmt)
+    containers = [c for d in documents for c in _containers(d)]
+    assert containers and all(c["terminationMessagePolicy"] == "FallbackToLogsOnError"
+                              for c in containers)
+
+
+def _containers(value):
+    if isinstance(value, dict):
+        if "containers" in value:
+            yield from value["containers"]
+        for child in value.values():
+            yield from _containers(child)
+    elif isinstance(value, list):
+        for child in value:
+            yield from _containers(child)
