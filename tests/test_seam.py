@@ -29,6 +29,8 @@ PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "ten
 # objects that kdist configures: (file, source) -> why.
 ALLOWED = {
     ("kdist/ps/serve.py", "os._exit"): "Python's documented exit without cleanup",
+    ("kdist/steps/watchdog.py", "os._exit"):
+        "Python's documented exit without cleanup (the main thread waits inside TensorFlow)",
     ("kdist/__init__.py", "_logger.propagate"): "configuring the standard library's logger",
     ("kdist/ps/training.py", "model.stop_training"):
         "Keras's documented callback protocol: a fit loop resets it, EarlyStopping sets it",
@@ -280,7 +282,7 @@ def test_fixes_are_gated_on_the_versions_they_target_and_hooks_apply_everywhere(
             continue
         # on the running stack: installed, or known not needed (fixed upstream / not yet broken)
         assert patch.applies(keras.__version__, tf.__version__) != \
-            patch.not_needed(keras.__version__)
+            patch.not_needed(keras.__version__, tf.__version__)
         assert not patch.applies("3.17.0", "2.21.0")
         assert not patch.applies("3.15.1", "2.23.0")
         assert not patch.applies("2.15.0", "2.21.0")
@@ -417,3 +419,42 @@ def test_the_scope_options_reach_compile_through_one_context_variable():
         assert training_options.active() == TrainingOptions.parse(compression="bf16",
                                                                   aggregate_every=3)
     assert training_options.active() == TrainingOptions()
+
+
+@pytest.mark.compat
+def test_a_finalised_function_asks_for_its_removal_unless_kdist_turned_it_off():
+    """ps_chief_exits_after_a_lost_worker: upstream, a traced function's finalizer asks the
+    runtime to remove it from every task it ran on (what hangs a TF 2.22 parameter-server chief
+    at exit when a worker died: 1 of 3 runs of tests/programs/ps_job.py here). After kdist's exit
+    handler, it no longer does. The patch installs on TF >= 2.22 only."""
+    script = textwrap.dedent("""
+        import sys, tensorflow as tf
+        from tensorflow.python.eager import context
+        from kdist.keras_seam import tf_internals
+        removed = []
+        removing = context.pywrap_tfe.TFE_ContextRemoveFunction  # what reaches the runtime
+        context.pywrap_tfe.TFE_ContextRemoveFunction = \
+            lambda handle, name: (removed.append(name), removing(handle, name))
+        if sys.argv[1] == "kdist":
+            tf_internals.skip_remote_function_removal()
+        f = tf.function(lambda x: x + 1)
+        f(tf.constant(1.0))
+        del f
+        import gc; gc.collect()
+        g = tf.function(lambda x: x * 2)  # still traced and run afterwards
+        print(float(g(tf.constant(2.0))), len(removed))
+    """)
+    counts = {}
+    for mode in ("upstream", "kdist"):
+        result = subprocess.run([sys.executable, "-c", script, mode], capture_output=True,
+                                text=True, timeout=120, env={**os.environ, **QUIET_TF})
+        assert result.returncode == 0, result.stderr[-2000:]
+        counts[mode] = result.stdout.split()[-2:]
+    assert counts["upstream"][0] == counts["kdist"][0] == "4.0"
+    assert int(counts["upstream"][1]) > 0 and counts["kdist"][1] == "0"
+    patch = keras_seam.patch("ps_chief_exits_after_a_lost_worker")
+    assert patch.applies(keras.__version__, "2.22.0") and not patch.applies(keras.__version__,
+                                                                             "2.21.0")
+    assert patch.why_not_needed(keras.__version__, "2.21.0") == \
+        "the bug came with TensorFlow 2.22.0"
+

@@ -94,6 +94,8 @@ OWNERS = {
     "BatchNormalization": _public("layers.BatchNormalization"),
     "loss module": lambda: importlib.import_module("keras.src.losses.loss"),
     "utils module": _public("utils"),
+    "ParameterServerStrategy": lambda: importlib.import_module(
+        "tensorflow").distribute.experimental.ParameterServerStrategy,
 }
 
 

@@ -46,7 +46,7 @@ def _status(patch, keras_version: str, tf_version: str) -> str:
     if patch.applies(keras_version, tf_version):
         return f"installs ({patch.kind}: {patch.upstream})" if patch.kind == "fix" \
             else "installs (hook)"
-    if patch.not_needed(keras_version):
-        return f"not needed: {patch.why_not_needed(keras_version)}"
+    if patch.not_needed(keras_version, tf_version):
+        return f"not needed: {patch.why_not_needed(keras_version, tf_version)}"
     return (f"skipped: written for Keras {patch.keras_versions[0]}..{patch.keras_versions[1]}"
             f", TF {patch.tf_versions[0]}..{patch.tf_versions[1]}")

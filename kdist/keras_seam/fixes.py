@@ -249,6 +249,27 @@ def _deferred_initialize(original):
     return initialize
 
 
+# ----------------------------------------------------------------------------------------------
+# 8. TensorFlow 2.22: a parameter-server chief whose worker died during training can hang at exit.
+#    As the interpreter ends, each traced function's finalizer asks the runtime to remove it from
+#    every task it ran on; the request to the dead worker (EagerContext::
+#    MaybeRemoveFunctionRemotely -> GrpcEagerClient::StreamingEnqueueAsync) waits without a
+#    deadline (gdb on the live chief). Seen in 1 of 3 runs here, never on TF 2.21. At exit kdist
+#    turns the finalizers' removal off: the process is ending, the servers exit with the chief,
+#    and there is nothing left to remove functions from.
+def _leaves_without_remote_removal(original):
+    @functools.wraps(original)
+    def __init__(self, *args, **kwargs):
+        import atexit
+
+        from kdist.keras_seam import tf_internals
+
+        original(self, *args, **kwargs)
+        atexit.register(tf_internals.skip_remote_function_removal)
+
+    return __init__
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -333,4 +354,11 @@ FIXES = [
           upstream="none: Keras 3 dropped tf.keras's keras.utils.experimental",
           why="the parameter-server tutorial's DatasetCreator raises a bare AttributeError; kdist "
               "says what to write in Keras 3"),
+    Patch("ps_chief_exits_after_a_lost_worker", FIX,
+          {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
+          upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",
+          tf_versions=("2.22.0", versions.TF_RANGE[1]),
+          why="a parameter-server chief hangs at exit after a worker died: each traced "
+              "function's finalizer waits without a deadline to remove it from the dead worker"),
 ]
+

@@ -71,18 +71,22 @@ class Patch:
     def targets(self) -> list[Target]:
         return list(self.wraps)
 
-    def why_not_needed(self, keras_version: str) -> str | None:
-        """Why the bug is known absent on `keras_version`: before the Keras release that brought it
-        (the range's start), or from the one that fixed it (`fixed_in`); None otherwise."""
+    def why_not_needed(self, keras_version: str, tf_version: str | None = None) -> str | None:
+        """Why the bug is known absent on `keras_version` (and `tf_version`): before the Keras or
+        TensorFlow release that brought it (the range's start), or from the Keras release that
+        fixed it (`fixed_in`); None otherwise."""
         running = versions.version(keras_version)
         if self.fixed_in is not None and running >= versions.version(self.fixed_in):
             return f"fixed in Keras {self.fixed_in}"
         if running < versions.version(self.keras_versions[0]):
             return f"the bug came with Keras {self.keras_versions[0]}"
+        if tf_version is not None and \
+                versions.version(tf_version) < versions.version(self.tf_versions[0]):
+            return f"the bug came with TensorFlow {self.tf_versions[0]}"
         return None
 
-    def not_needed(self, keras_version: str) -> bool:
-        return self.why_not_needed(keras_version) is not None
+    def not_needed(self, keras_version: str, tf_version: str | None = None) -> bool:
+        return self.why_not_needed(keras_version, tf_version) is not None
 
     def applies(self, keras_version: str, tf_version: str) -> bool:
         """Hooks apply wherever kdist runs; a fix on the versions it was written for."""
@@ -166,9 +170,10 @@ def install_all(patches: list[Patch]) -> list[str]:
             continue
         if patch.applies(keras.__version__, tf.__version__):
             patch.install()
-        elif patch.not_needed(keras.__version__):
-            logger.debug("kdist: fix %s not needed on Keras %s: %s", patch.name, keras.__version__,
-                         patch.why_not_needed(keras.__version__))
+        elif patch.not_needed(keras.__version__, tf.__version__):
+            logger.debug("kdist: fix %s not needed on Keras %s / TF %s: %s", patch.name,
+                         keras.__version__, tf.__version__,
+                         patch.why_not_needed(keras.__version__, tf.__version__))
         else:
             logger.warning("kdist: fix %s (%s) targets Keras %s..%s / TF %s..%s, not Keras %s / TF "
                            "%s: skipped. Run kdist's test suite to check this version.",

@@ -91,6 +91,17 @@ def set_job_key(key: str, value: str) -> None:
     context.context().set_config_key_value(key, value)
 
 
+def replace_job_key(key: str, value: str) -> None:
+    """Sets `key` in the coordination service's key-value store, replacing its value."""
+    from tensorflow.python.eager import context
+
+    try:
+        context.context().delete_config_key_value(key)
+    except Exception:  # noqa: BLE001 (not there yet)
+        pass
+    context.context().set_config_key_value(key, value)
+
+
 def get_job_key(key: str, timeout_ms: int | None = None) -> str:
     """Reads `key` from the coordination service, waiting up to `timeout_ms` (None: forever)."""
     from tensorflow.python.eager import context
@@ -172,7 +183,10 @@ def is_sharded_variable(value) -> bool:
     return isinstance(value, ShardedVariable)
 
 
-def slurm_resolver_module():
-    """TensorFlow's Slurm cluster resolver module (its host-list expansion has no public name)."""
-    return importlib.import_module(
-        "tensorflow.python.distribute.cluster_resolver.slurm_cluster_resolver")
+def skip_remote_function_removal() -> None:
+    """From now on, a traced function's finalizer no longer asks the runtime to remove it from
+    every task it ran on (the eager context's `remove_function`, replaced on this context only:
+    functions can still be traced and run)."""
+    from tensorflow.python.eager import context
+
+    context.context().remove_function = lambda name: None
