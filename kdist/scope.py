@@ -104,7 +104,8 @@ def _rebuild_refused(options: dict, spec) -> str:
 
 @contextlib.contextmanager
 def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps_sync="async",
-          balance=None, bucket_bytes=None, check_replicas="error", **options):
+          balance=None, bucket_bytes=None, check_replicas="error", watch_steps=True,
+          hang_timeout=None, hang_action=None, **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
     The training options (`kdist.training.options.TrainingOptions`) apply to the models compiled
@@ -121,6 +122,11 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
       parameter-server updates synchronise.
     - `check_replicas`: ``"error"`` (default), ``"warn"`` or ``"off"``: at the end of every epoch
       `fit` checks that every replica and worker holds the same variables (`kdist.replicas`).
+    - `watch_steps` (default True), `hang_timeout`, `hang_action` (``"report"`` or ``"exit"``):
+      under MultiWorkerMirrored, every step is timed (input wait, compute, communication), the
+      chief names the slowest worker at each epoch's end, and a hang (no step completed for
+      `hang_timeout` seconds, default 20 median steps and at least 60) dumps every thread's stack
+      and says where each worker is (`kdist.steps`).
 
     `**options` build the strategy (`kdist.strategies.StrategyOptions`).
 
@@ -138,7 +144,8 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
 
     requested = training_options.TrainingOptions.parse(
         compression=compression, aggregate_every=aggregate_every, bucket_bytes=bucket_bytes,
-        balance=balance, ps_sync=ps_sync, check_replicas=check_replicas)
+        balance=balance, ps_sync=ps_sync, check_replicas=check_replicas, watch_steps=watch_steps,
+        hang_timeout=hang_timeout, hang_action=hang_action)
     chosen = _build_or_reuse(strategy, options)
     requested.checked_for(chosen)
     if requested.bucket_bytes is not None:

@@ -32,6 +32,7 @@ SETTINGS = {
     "1e-5": "the tolerance of the ModelParallelDense equivalence tests",
     "2 s": "Ray Train's default RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
     "1.10": "issue 20's overlap goal: a step within 1.10 times max(t1, t2)",
+    "20%": "the CPU cap of the straggler test's cgroup (tests/conftest.py: slow_cpu_cgroup)",
 }
 WITH_UNIT = re.compile(r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?\s?(?:ms|s|x|%|[KMG]i?B|ns|us|[MG]bit(?:/s)?"
                        r"|bytes)(?!\w)")

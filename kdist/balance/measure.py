@@ -5,11 +5,10 @@ backward pass (no collective inside the timed part; the times are all-reduced af
 worker gets the same figures). The forward pass runs in inference mode, so measuring changes
 nothing in the model (BatchNorm statistics, counters); it costs about what a training pass costs.
 
-The clock is read by a `tf.py_function` that takes the batch (start) and the gradients (end) as
-inputs: data dependencies, which Grappler keeps. `tf.timestamp()` under control dependencies does
-not work here: Grappler's dependency optimizer lets both timestamps run before the pass (TF 2.21:
-1 us measured around a 0.2 s pass). The median over `steps` timed batches gives examples per
-second per replica, and the shares follow them.
+The clock is the step clock's reading (`kdist.steps.clock.reading`, which also splits every
+step of a MultiWorkerMirrored fit): a `tf.py_function` that takes the batch (start) and every
+gradient (end), summed, as inputs: data dependencies, which Grappler keeps. The median over `steps`
+timed batches gives examples per second per replica, and the shares follow them.
 """
 
 from __future__ import annotations
@@ -56,32 +55,21 @@ def _timed_step(model, data):
 
     from kdist.exchange import weights
 
+    from kdist.steps.clock import reading
+
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync
-    numeric = [t for t in tf.nest.flatten(data) if _is_numeric(t)]
-    start = _clock(tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) for t in numeric]))
+    start = reading(data, whole=True)
     data = tf.nest.map_structure(lambda t: _after(t, start), data)
     x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
     with tf.GradientTape() as tape:
         y_pred = model(x, training=False)  # no side effects (BatchNorm statistics stay)
         loss = model.compute_loss(x, y, y_pred, sample_weight)
     gradients = tape.gradient(loss, model.trainable_variables)
-    seconds = _clock(tf.add_n([tf.reduce_sum(tf.cast(g, tf.float64))
-                               for g in gradients if g is not None])) - start
+    seconds = reading(gradients, whole=True) - start
     one_hot = tf.one_hot(context.replica_id_in_sync_group, replicas, dtype=tf.float64)
     examples = tf.cast(weights.batch_size_of(x), tf.float64)
     return context.all_reduce(tf.distribute.ReduceOp.SUM, [one_hot * seconds, one_hot * examples])
-
-
-def _clock(after):
-    """Seconds on the host's monotonic clock, read once `after` is computed."""
-    import time
-
-    import tensorflow as tf
-
-    seconds = tf.py_function(lambda _: time.perf_counter(), [after], tf.float64)
-    seconds.set_shape(())
-    return seconds
 
 
 def _after(tensor, start):

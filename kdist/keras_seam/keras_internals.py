@@ -81,11 +81,12 @@ def set_train_function(model, function) -> None:
 
 
 def wrap_train_step(model, make) -> None:
-    """Replaces `model.train_step` (Keras's, or the user's override) by `make(train_step)`, once
-    per model, on this model only."""
-    if not getattr(model.train_step, "_kdist_wrapped", False):
+    """Replaces `model.train_step` (Keras's, or the user's override, or another kdist wrapper)
+    by `make(train_step)`, once per `make` and model, on this model only."""
+    applied = getattr(model.train_step, "_kdist_wrappers", ())
+    if make not in applied:
         wrapped = make(model.train_step)
-        wrapped._kdist_wrapped = True
+        wrapped._kdist_wrappers = (*applied, make)
         object.__setattr__(model, "train_step", wrapped)  # not tracked by Keras
 
 
@@ -164,10 +165,6 @@ def replace_distributed_dataset(epoch_iterator, make) -> None:
     given) is dropped so the next epoch starts on the new dataset."""
     epoch_iterator._distributed_dataset = make(epoch_iterator.data_adapter.get_tf_dataset())
     epoch_iterator._current_iterator = None
-
-
-def is_epoch_iterator(value) -> bool:
-    return isinstance(value, classes.resolve("TFEpochIterator"))
 
 
 # ------------------------------------------------------------------ callbacks

@@ -33,7 +33,7 @@ def dispatch(name: str, original, arguments):
     from kdist.balance import fitting
     from kdist.exchange.phases import PhaseCallback
     from kdist.keras_seam import keras_internals
-    from kdist.strategies import cluster_of, is_parameter_server
+    from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
     from kdist.training import state as states
     from kdist.training.options import TrainingOptions
 
@@ -56,9 +56,12 @@ def dispatch(name: str, original, arguments):
         exchange = states.exchange_of(model)
         if exchange is not None and exchange.has_phases:
             added.append(PhaseCallback(exchange))
-        check = (state.options or TrainingOptions()).check_replicas
-        if strategy is not None and check != "off" and replicas.compares(strategy):
-            added.append(replicas.ReplicaCheck(check))
+        options = state.options or TrainingOptions()
+        if strategy is not None and options.check_replicas != "off" and \
+                replicas.compares(strategy):
+            added.append(replicas.ReplicaCheck(options.check_replicas))
+        if options.watch_steps and is_multi_worker(strategy):
+            added.append(_step_watch(model, spec, options))
         if added:
             arguments.arguments["callbacks"] = [*added, *(arguments.arguments.get("callbacks")
                                                           or [])]
@@ -86,6 +89,33 @@ def _check_xla(strategy) -> None:
             f"compile(jit_compile=True) with {strategy.num_replicas_in_sync} replicas on CPU "
             "devices: TensorFlow's XLA cannot compile the gradient all-reduce on CPU "
             "(b/194942685). Use jit_compile=False, or 'auto' (Keras then leaves XLA off on CPU)")
+
+
+def _step_watch(model, spec, options):
+    """`kdist.steps.StepWatch` for this fit; the step reads its clock where the batch arrives
+    (not under XLA, which compiles no Python call)."""
+    from kdist import steps
+    from kdist.keras_seam import keras_internals
+
+    if model.jit_compile is not True:
+        keras_internals.wrap_train_step(model, _input_read)
+    tasks = [f"{t}:{i}" for t, i in spec.tasks() if t in ("chief", "worker")]
+    return steps.StepWatch(spec.task, tasks, options.hang_timeout, options.hang_action,
+                           multi_worker=True)
+
+
+def _input_read(train_step):
+    """`train_step`, with the step clock read once its batch has arrived."""
+    import functools
+
+    from kdist.steps import reading
+
+    @functools.wraps(train_step)
+    def step(data):
+        reading(data, "input")
+        return train_step(data)
+
+    return step
 
 
 def _warn_custom_step_unscaled(model, replicas: int) -> None:

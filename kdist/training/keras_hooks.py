@@ -79,6 +79,7 @@ class KdistHooks(Hooks):
         from kdist.exchange.comm import tcp_ring
         from kdist.layers import placement
         from kdist.ps import sync
+        from kdist.steps import clock
         from kdist.training.state import exchange_of
 
         if sync.applying(optimizer):  # one replica per worker: nothing to exchange
@@ -86,13 +87,21 @@ class KdistHooks(Hooks):
         context = tf.distribute.get_replica_context()
         if context is None:
             return original(optimizer, grads_and_vars)
+        grads_and_vars = list(grads_and_vars)
+        timed = clock.current() is not None  # a watched fit is tracing (kdist.steps)
+        if timed:
+            clock.reading([g for g, _ in grads_and_vars], "gradients")
         exchange = exchange_of(optimizer)
         if exchange is not None:
-            return exchange.exchange(grads_and_vars, context)
-        if tcp_ring(context.strategy) is not None or placement.own_group_devices(
+            summed = exchange.exchange(grads_and_vars, context)
+        elif tcp_ring(context.strategy) is not None or placement.own_group_devices(
                 [v for _, v in grads_and_vars], context.strategy):
-            return plain_sum(grads_and_vars, context, optimizer.iterations)
-        return original(optimizer, grads_and_vars)
+            summed = plain_sum(grads_and_vars, context, optimizer.iterations)
+        else:
+            summed = original(optimizer, grads_and_vars)
+        if timed:
+            clock.reading([g for g, _ in summed], "summed")
+        return summed
 
     def update_step(self, optimizer, grads, variables, learning_rate, original):
         from kdist.training.state import exchange_of

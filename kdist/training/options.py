@@ -11,7 +11,10 @@ block (`kdist.training.state`):
 - ``balance``: ``"measure"`` or one share per replica (`kdist.balance`);
 - ``ps_sync``: ``"async"``, ``"ksync:K"``, ``"kbatch:K"`` or ``"stale:S"`` (`kdist.ps.sync`);
 - ``check_replicas``: ``"error"`` (default), ``"warn"`` or ``"off"``: what a mismatch between
-  the replicas' copies of a variable at the end of an epoch does (`kdist.replicas`).
+  the replicas' copies of a variable at the end of an epoch does (`kdist.replicas`);
+- ``watch_steps``, ``hang_timeout``, ``hang_action``: under MultiWorkerMirrored, time every step
+  (input, compute, communication), summarise the stragglers at each epoch's end, and report a
+  hang (`kdist.steps`).
 
 >>> options = TrainingOptions.parse(compression="powersgd:2", aggregate_every=2)
 >>> options.compression.rank, options.aggregate_every, str(options.ps_sync)
@@ -33,6 +36,7 @@ from kdist.balance.plan import Balance
 from kdist.compression.base import Compressor, NoCompression
 from kdist.compression.names import NAMES, from_name
 from kdist.ps.sync import SyncMode
+from kdist.steps import watchdog
 from kdist.validators import UsageError
 
 
@@ -46,10 +50,14 @@ class TrainingOptions:
     balance: Balance | None = None
     ps_sync: SyncMode = SyncMode("async")
     check_replicas: str = "error"
+    watch_steps: bool = True
+    hang_timeout: float | None = None  # None: KDIST_HANG_TIMEOUT, else the default rule
+    hang_action: str = "report"
 
     @classmethod
     def parse(cls, compression=None, aggregate_every: int = 1, bucket_bytes=None, balance=None,
-              ps_sync="async", check_replicas="error") -> "TrainingOptions":
+              ps_sync="async", check_replicas="error", watch_steps=True, hang_timeout=None,
+              hang_action=None) -> "TrainingOptions":
         """The options from `kdist.scope()`'s arguments; a bad one raises `UsageError` naming it."""
         validators.positive_int(aggregate_every, "aggregate_every")
         if bucket_bytes is not None:
@@ -57,8 +65,13 @@ class TrainingOptions:
         if check_replicas not in ("error", "warn", "off"):
             raise UsageError("check_replicas", f"{check_replicas!r} is not a mode",
                              "use 'error' (stop fit), 'warn' (log and go on) or 'off'")
+        if not isinstance(watch_steps, bool):
+            raise UsageError("watch_steps", f"{watch_steps!r} is not True or False",
+                             "use True (default) or False")
+        hang_timeout, hang_action = watchdog.settings(hang_timeout, hang_action)
         options = cls(_compressor(compression), aggregate_every, bucket_bytes,
-                      Balance.parse(balance), SyncMode.parse(ps_sync), check_replicas)
+                      Balance.parse(balance), SyncMode.parse(ps_sync), check_replicas,
+                      watch_steps, hang_timeout, hang_action)
         if options.balance is not None and aggregate_every > 1:
             raise UsageError("balance", "given with aggregate_every > 1: the accumulated "
                              "micro-batches would need weights of their own",

@@ -1,0 +1,81 @@
+"""Step timing, stragglers and hangs under MultiWorkerMirrored (kdist.steps), with 2 real workers:
+a worker that stops (SIGSTOP) is reported by the other's watchdog with every thread's stack and
+where each worker is, and with hang_action='exit' the job ends with code 76; a worker on a slow
+machine (a 20% CPU cgroup) is named the slowest at each epoch's end, in the log and the History."""
+
+import json
+import re
+import sys
+
+import pytest
+
+from conftest import run_kdist
+from kdist.steps import watchdog
+
+PROGRAM = "tests/programs/steps_job.py"
+
+
+def test_a_stopped_worker_is_reported_with_stacks_and_positions_then_exit_76(tmp_path):
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "240", "--", sys.executable,
+                        PROGRAM, "hang", str(tmp_path)], timeout=270,
+                       env={"KDIST_HANG_TIMEOUT": "5", "KDIST_HANG_ACTION": "exit"})
+    out = result.stdout
+    assert result.returncode == 76, out[-4000:]
+    assert re.search(r"\[worker-0\] kdist: no training step completed on worker:0 for \d+ s "
+                     r"\(hang timeout 5 s, KDIST_HANG_TIMEOUT\)", out), out[-4000:]
+    assert "[worker-0] Thread 0x" in out and "(most recent call first):" in out  # the stacks
+    assert "[worker-0] kdist:   worker:0: step 52: waiting for its input" in out  # 32 + 20
+    # worker 1 stopped: its last report (from a background thread, every 0.5 s) is older
+    assert re.search(r"\[worker-0\] kdist:   worker:1: step \d+: .* \(reported \d+ s ago", out)
+    assert "[worker-0] kdist: behind: worker:1; the others wait for it" in out
+    assert "first failure: worker-0 at" in out and "exit code 76: no step completed within the " \
+        "hang timeout" in out
+
+
+def test_the_slow_worker_is_named_at_each_epochs_end(tmp_path, slow_cpu_cgroup):
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "300", "--", sys.executable,
+                        PROGRAM, "straggle", str(tmp_path)], timeout=330,
+                       env={"STEPS_JOB_CGROUP": slow_cpu_cgroup})
+    assert result.returncode == 0, result.stdout[-4000:]
+    lines = [line for line in result.stdout.splitlines() if "median step per worker" in line]
+    assert [line.split(",")[0] for line in lines] == ["[worker-0] kdist: epoch 1",
+                                                      "[worker-0] kdist: epoch 2"]
+    for line in lines:
+        ratio = float(re.search(r"Slowest: worker:1, its compute ([\d.]+)x the fastest", line)[1])
+        assert ratio > 1.5, line
+        assert re.search(r"worker:0 input [\d.]+ ms, compute [\d.]+ ms, all-reduce [\d.]+ ms, "
+                         r"step [\d.]+ ms; worker:1 input", line)
+    for task in ("worker:0", "worker:1"):
+        history = json.loads((tmp_path / f"{task}.json").read_text())
+        assert history["kdist_slowest_worker"] == [1, 1]
+        assert min(history["kdist_slowest_ratio"]) > 1.5
+
+
+@pytest.mark.parametrize("env,given,expected", [
+    ({}, {}, (None, "report")),
+    ({"KDIST_HANG_TIMEOUT": "90"}, {}, (90.0, "report")),
+    ({"KDIST_HANG_ACTION": "exit"}, {"timeout": 30}, (30, "exit")),
+])
+def test_hang_settings_come_from_the_scope_or_the_environment(monkeypatch, env, given, expected):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert watchdog.settings(**given) == expected
+
+
+@pytest.mark.parametrize("env,given,words", [
+    ({"KDIST_HANG_TIMEOUT": "soon"}, {}, "KDIST_HANG_TIMEOUT='soon': is not a duration"),
+    ({}, {"timeout": -1}, "hang_timeout: -1 is out of range"),
+    ({}, {"action": "kill"}, "hang_action: 'kill' is not an action. Fix: use 'report'"),
+])
+def test_bad_hang_settings_are_refused_naming_them(monkeypatch, env, given, words):
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=re.escape(words)):
+        watchdog.settings(**given)
+
+
+def test_a_silent_or_earlier_worker_is_behind():
+    seen = {"worker:0": (0.0, "step 20: in the gradient all-reduce for 9 s"),
+            "worker:1": (1.0, "step 20: computing for 9 s"),
+            "worker:2": (30.0, "step 20: in the gradient all-reduce for 30 s")}
+    assert watchdog._behind(seen) == ["worker:1", "worker:2"]
