@@ -42,7 +42,8 @@ class StepWatch(keras.callbacks.Callback):
         self._epochs = 0
 
     def on_train_begin(self, logs=None):
-        self.clock = clocks.start()
+        self.clock = clocks.StepClock(clocks.stamps())
+        clocks.watching(True)
         store = CoordinationStore() if self.multi_worker else None
         self.watchdog = Watchdog(self.clock, self.task, self.tasks, self.timeout, self.action,
                                  store)
@@ -67,9 +68,9 @@ class StepWatch(keras.callbacks.Callback):
             logger.info("%s", line)
 
     def on_train_end(self, logs=None):
+        clocks.watching(False)
         if self.watchdog is not None:
             self.watchdog.stop()
-        clocks.stop()
 
     def _gathered(self, figures: list[float]) -> list[list[float]]:
         """Every worker's figures, in worker order (a collective: every worker calls it)."""

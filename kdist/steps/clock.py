@@ -1,26 +1,30 @@
 """Where a training step's time goes on this worker: waiting for input, computing, communicating.
 
-Three clock readings inside the traced step, each a `tf.py_function` that takes a sliver of what
-it times as input (a data dependency, which Grappler keeps; `tf.timestamp()` under control
-dependencies is run early by Grappler's dependency optimizer):
+Three clock readings inside the traced step, each TensorFlow's `tf.timestamp()` run once what it
+times exists:
 
 - ``input``: the batch has arrived (the start of `train_step`);
 - ``gradients``: every gradient exists (where they are handed to the all-reduce);
 - ``summed``: the all-reduce has returned.
 
-With the Python-side readings at the step's start and end (`StepWatch`'s batch callbacks), a step
-splits into input (start -> input: launching the step, the input pipeline, and under
-MultiWorkerMirrored the workers agreeing that each has a next batch, which waits for the slowest),
-compute (input -> gradients: this worker's own work), communication (gradients -> summed, the
-waiting for slower workers included) and the rest (the update, metrics, logs). A reading runs once
-what it takes is ready, give or take one op. With several replicas in a process, each reading is
-the last replica's. `kdist.balance`'s measurement
-reads the same clock (`reading`).
+A timestamp takes no input, and Grappler's dependency optimizer lets one under control
+dependencies run early; so each reading runs inside a `tf.cond` whose predicate reads one value of
+every tensor it times (a data dependency, which Grappler keeps), both branches the timestamp.
+Each costs a few microseconds (a `tf.py_function` would cost about 100; benchmarks/
+instrumentation.py measures them) and writes its time into one small variable of this process
+(`stamps()`), which the step clock reads at the step's end, and the hang watchdog at any time.
+
+With the readings at the step's start and end (`StepWatch`'s batch callbacks), a step splits into
+input (start -> input: launching the step, the input pipeline, and under MultiWorkerMirrored the
+workers agreeing that each has a next batch, which waits for the slowest), compute (input ->
+gradients: this worker's own work), communication (gradients -> summed, the waiting for slower
+workers included) and the rest (the update, metrics, logs). With several replicas in a process,
+each reading is the last replica's to write. `kdist.balance`'s measurement reads the same clock
+(`reading`).
 
 >>> clock = StepClock()
->>> clock.begin(); clock.mark("input"); clock.mark("gradients"); clock.mark("summed"); clock.end()
->>> sorted(clock.epoch_medians())
-['comm', 'compute', 'input', 'step']
+>>> clock.begin(); clock.end(); sorted(clock.epoch_medians())
+['step']
 """
 
 from __future__ import annotations
@@ -30,73 +34,80 @@ import threading
 import time
 
 MARKS = ("input", "gradients", "summed")
+_stamps = None  # this process's variable of the last readings (seconds since the epoch)
+_watched = False  # a watched fit runs: the step it traces gets the readings
+
+
+def stamps():
+    """The variable the named readings write, created once per process (by `StepWatch`, at the
+    same point of every worker's program: under MultiWorkerMirrored, creating a variable in the
+    strategy's scope is a collective)."""
+    global _stamps
+    if _stamps is None:
+        import tensorflow as tf
+
+        with tf.init_scope():
+            _stamps = tf.Variable(tf.fill([len(MARKS)], tf.constant(-1.0, tf.float64)),
+                                  trainable=False, name="kdist_step_clock")
+    return _stamps
+
+
+def watching(running: bool) -> None:
+    """A watched fit starts (True) or ends (False): steps traced meanwhile get the readings."""
+    global _watched
+    _watched = running
+
+
+def tracing_watched() -> bool:
+    return _watched
 
 
 def reading(after, name: str | None = None, whole: bool = False):
-    """A tensor of the host's monotonic clock (seconds), read once `after` (a tensor or a list
-    of them) is computed; with `name`, the reading is also marked on the running fit's clock
-    (`current()`, looked up when the step runs: a traced step serves every later fit). The
-    reading takes one value of each tensor (cheap enough for every step); `whole` takes their
-    sums instead, so the reading also waits for every value to be read once (what
-    `kdist.balance`'s few timed passes use)."""
+    """A tensor of the host's clock (`tf.timestamp()`, seconds), read once `after` (a tensor or a
+    list of them) exists; with `name`, also written to this process's clock variable (read by
+    the running fit's `StepClock`). The reading waits for one value of each tensor (cheap
+    enough for every step); `whole` waits for their sums instead, so every value is read once
+    (what `kdist.balance`'s few timed passes use)."""
     import tensorflow as tf
 
     tensors = [t.values if isinstance(t, tf.IndexedSlices) else t
                for t in tf.nest.flatten(after) if t is not None]
     numeric = [t for t in tensors
                if (t.dtype.is_floating or t.dtype.is_integer) and t.shape.num_elements() != 0]
-    sliver = [tf.reshape(tf.reduce_sum(tf.cast(t, tf.float64)), [1]) if whole else
-              tf.cast(tf.reshape(t, [-1])[:1], tf.float64) for t in numeric]
-    probe = tf.concat(sliver, axis=0) if sliver else tf.zeros([1], tf.float64)
-
-    def read(_):
-        now = time.perf_counter()
-        clock = _current
-        if name is not None and clock is not None:
-            clock.mark(name, now)
-        return now
-
-    seconds = tf.py_function(read, [probe], tf.float64)
-    seconds.set_shape(())
+    probe = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) if whole else
+                      tf.cast(tf.reshape(t, [-1])[0], tf.float64) for t in numeric]) \
+        if numeric else tf.constant(0.0, tf.float64)
+    seconds = tf.cond(tf.math.is_nan(probe), tf.timestamp, tf.timestamp)
+    if name is not None:
+        stamps()[MARKS.index(name)].assign(seconds)
     return seconds
 
 
 class StepClock:
     """This process's step readings and the current epoch's per-step durations."""
 
-    def __init__(self):
+    def __init__(self, variable=None):
         self._lock = threading.Lock()
+        self._variable = variable  # the in-step readings (None: only the batch callbacks)
         self.steps = 0  # steps completed since the fit started
         self.step = 0  # the step running now (or next)
-        self.phase = "starting"  # what this worker is doing: see `where`
-        self.since = time.monotonic()  # when `phase` began
+        self.begun = None  # time.time() when the running step began (None: between steps)
         self.last_end = None  # time.monotonic() of the last completed step
-        self._begun = None
-        self._marks: dict = {}
+        self.since = time.monotonic()  # when the current state began
         self._epoch: list[dict] = []
         self._durations: list[float] = []  # every completed step's seconds this fit
 
     def begin(self) -> None:
         with self._lock:
-            self._begun, self._marks = time.perf_counter(), {}
-            self.phase, self.since = "input", time.monotonic()
-
-    def mark(self, name: str, at: float | None = None) -> None:
-        """A reading from inside the step (one per replica: the last one counts)."""
-        at = time.perf_counter() if at is None else at
-        with self._lock:
-            self._marks[name] = max(at, self._marks.get(name, at))
-            self.phase = {"input": "compute", "gradients": "all-reduce",
-                          "summed": "update"}.get(name, self.phase)
-            self.since = time.monotonic()
+            self.begun, self.since = time.time(), time.monotonic()
 
     def end(self) -> None:
-        now = time.perf_counter()
+        now = time.time()
+        marks = self._marks()
         with self._lock:
-            begun = self._begun if self._begun is not None else now
-            marks = self._marks
+            begun = self.begun if self.begun is not None else now
             split = {"step": now - begun}
-            if all(m in marks for m in MARKS):
+            if all(begun <= marks.get(m, -1) <= now for m in MARKS):
                 split.update(input=marks["input"] - begun,
                              compute=marks["gradients"] - marks["input"],
                              comm=marks["summed"] - marks["gradients"])
@@ -104,19 +115,33 @@ class StepClock:
             self._durations.append(split["step"])
             self.steps += 1
             self.step += 1
-            self.last_end = time.monotonic()
-            self.phase, self.since = "between steps", self.last_end
-            self._begun = None
+            self.last_end = self.since = time.monotonic()
+            self.begun = None
+
+    def _marks(self) -> dict:
+        if self._variable is None:
+            return {}
+        return dict(zip(MARKS, (float(v) for v in self._variable.numpy())))
 
     def where(self) -> str:
-        """What this worker is doing now, for a hang report."""
+        """What this worker is doing now, for a hang report (the watchdog's thread reads the
+        in-step readings while the step runs)."""
+        marks = self._marks()
         with self._lock:
-            phase = {"input": "waiting for its input (its pipeline, or the workers agreeing on "
-                              "the next batch)", "compute": "computing",
-                     "all-reduce": "in the gradient all-reduce", "update": "updating",
-                     "between steps": "between steps (a callback, or Python)",
-                     "starting": "starting (building or tracing the step)"}[self.phase]
-            return f"step {self.step}: {phase} for {time.monotonic() - self.since:.0f} s"
+            begun = self.begun
+            waited = time.monotonic() - self.since
+            if self.steps == 0 and begun is None:
+                phase = "starting (building or tracing the step)"
+            elif begun is None:
+                phase = "between steps (a callback, or Python)"
+            else:
+                done = [m for m in MARKS if marks.get(m, -1) >= begun]
+                phase = {0: "waiting for its input (its pipeline, or the workers agreeing on the "
+                            "next batch)",
+                         1: "computing", 2: "in the gradient all-reduce", 3: "updating"}[len(done)]
+                if done:
+                    waited = time.time() - marks[done[-1]]
+            return f"step {self.step}: {phase} for {waited:.0f} s"
 
     def median_step(self) -> float | None:
         with self._lock:
@@ -130,24 +155,3 @@ class StepClock:
         return {key: statistics.median(s[key] for s in steps if key in s)
                 for key in ("step", "input", "compute", "comm")
                 if any(key in s for s in steps)}
-
-
-
-_current: StepClock | None = None  # the clock of the fit running in this process
-
-
-def start() -> StepClock:
-    """A fresh clock for the fit starting now, which the step's readings mark."""
-    global _current
-    _current = StepClock()
-    return _current
-
-
-def current() -> StepClock | None:
-    return _current
-
-
-def stop() -> None:
-    """The fit has ended: readings of a traced step mark nothing until the next `start`."""
-    global _current
-    _current = None

@@ -99,6 +99,7 @@ def _step_watch(model, spec, options):
 
     if model.jit_compile is not True:
         keras_internals.wrap_train_step(model, _input_read)
+    steps.clock.stamps()  # created here, at the same point on every worker
     tasks = [f"{t}:{i}" for t, i in spec.tasks() if t in ("chief", "worker")]
     return steps.StepWatch(spec.task, tasks, options.hang_timeout, options.hang_action,
                            multi_worker=True)

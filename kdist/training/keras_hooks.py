@@ -88,7 +88,7 @@ class KdistHooks(Hooks):
         if context is None:
             return original(optimizer, grads_and_vars)
         grads_and_vars = list(grads_and_vars)
-        timed = clock.current() is not None  # a watched fit is tracing (kdist.steps)
+        timed = clock.tracing_watched()  # a watched fit is tracing its step (kdist.steps)
         if timed:
             clock.reading([g for g, _ in grads_and_vars], "gradients")
         exchange = exchange_of(optimizer)
