@@ -25,7 +25,7 @@ def test_a_stopped_worker_is_reported_with_stacks_and_positions_then_exit_76(tmp
                      r"\(hang timeout 5 s, KDIST_HANG_TIMEOUT\)", out), out[-4000:]
     assert "[worker-0] Thread 0x" in out and "(most recent call first):" in out  # the stacks
     assert "[worker-0] kdist:   worker:0: step 52: waiting for its input" in out  # 32 + 20
-    # worker 1 stopped: its last report (from a background thread, every 0.5 s) is older
+    # worker 1 stopped: its last report (from a background thread, every 2 s) is older
     assert re.search(r"\[worker-0\] kdist:   worker:1: step \d+: .* \(reported \d+ s ago", out)
     assert "[worker-0] kdist: behind: worker:1; the others wait for it" in out
     assert "first failure: worker-0 at" in out and "exit code 76: no step completed within the " \

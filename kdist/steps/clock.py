@@ -14,7 +14,8 @@ Each costs a few microseconds (a `tf.py_function` would cost about 100; benchmar
 instrumentation.py measures them) and writes its time into one small variable of this process
 (`stamps()`), which the step clock reads at the step's end, and the hang watchdog at any time.
 
-With the readings at the step's start and end (`StepWatch`'s batch callbacks), a step splits into
+With the readings at the step's start and end (`StepWatch`'s batch callbacks; the in-step readings
+are read on the first 4 steps of each epoch and every 8th after), a step splits into
 input (start -> input: launching the step, the input pipeline, and under MultiWorkerMirrored the
 workers agreeing that each has a next batch, which waits for the slowest), compute (input ->
 gradients: this worker's own work), communication (gradients -> summed, the waiting for slower
@@ -34,6 +35,7 @@ import threading
 import time
 
 MARKS = ("input", "gradients", "summed")
+FIRST_SAMPLED, SAMPLE_EVERY = 4, 8  # steps whose split is read: see StepClock._sampled
 _stamps = None  # this process's variable of the last readings (seconds since the epoch)
 _watched = False  # a watched fit runs: the step it traces gets the readings
 
@@ -103,7 +105,7 @@ class StepClock:
 
     def end(self) -> None:
         now = time.time()
-        marks = self._marks()
+        marks = self._marks() if self._sampled() else {}
         with self._lock:
             begun = self.begun if self.begun is not None else now
             split = {"step": now - begun}
@@ -117,6 +119,11 @@ class StepClock:
             self.step += 1
             self.last_end = self.since = time.monotonic()
             self.begun = None
+
+    def _sampled(self) -> bool:
+        """Whether this step's in-step readings are read (a variable read costs about as much
+        as the readings themselves): the first steps of each epoch, then every `SAMPLE_EVERY`."""
+        return len(self._epoch) < FIRST_SAMPLED or self.step % SAMPLE_EVERY == 0
 
     def _marks(self) -> dict:
         if self._variable is None:

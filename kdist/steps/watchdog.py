@@ -35,7 +35,7 @@ HANG_ACTION_ENV = "KDIST_HANG_ACTION"
 MINIMUM = 60.0
 MEDIANS = 20  # the default timeout, in median steps
 FIRST_STEP = 10  # the first step may take this many timeouts (building, tracing)
-PUBLISH_EVERY = 0.5  # a background thread's key-value write: nothing on the step's path
+PUBLISH_EVERY = 2.0  # a background thread's key-value write: nothing on the step's path
 SILENT = 10.0  # seconds without a report that make a worker silent
 ACTIONS = ("report", "exit")
 _KEY = "kdist/watch/{task}"
@@ -98,7 +98,7 @@ class Watchdog(threading.Thread):
             if stalled >= self.limit() and self.fired_at_step != self.clock.step:
                 self.fired_at_step = self.clock.step
                 self.fire(stalled)
-            if self._halt.wait(0.25):
+            if self._halt.wait(0.5):
                 return
 
     def fire(self, stalled: float) -> None:
