@@ -39,6 +39,8 @@ import re
 import shutil
 import tempfile
 
+from kdist import safe_files
+
 logger = logging.getLogger("kdist")
 
 FORMAT = "kdist-backup/1"
@@ -120,21 +122,18 @@ def _fsync(path: str) -> None:
 
 
 def _write_json(path: str, content: dict) -> None:
-    """Writes `content` to `path` atomically (a temporary file renamed over it)."""
-    incoming = f"{path}.incoming"
-    with open(incoming, "w", encoding="utf-8") as f:
-        json.dump(content, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(incoming, path)
+    """Writes `content` to `path` atomically and durably (never through a symlink there)."""
+    safe_files.write_text(path, json.dumps(content, indent=1, sort_keys=True), durable=True)
 
 
 def generations(directory: str) -> list[str]:
-    """The generation folders of `directory`, newest first."""
+    """The generation folders of `directory`, newest first; a symlink is never one (in a shared
+    directory another user could plant one pointing at weights of their choosing)."""
     if not os.path.isdir(directory):
         return []
     numbered = [(int(m.group(1)), name) for name in os.listdir(directory)
-                if (m := _GENERATION.match(name))]
+                if (m := _GENERATION.match(name))
+                and not os.path.islink(os.path.join(directory, name))]
     return [os.path.join(directory, name) for _, name in sorted(numbered, reverse=True)]
 
 

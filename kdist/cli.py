@@ -87,11 +87,16 @@ def _parser() -> argparse.ArgumentParser:
                         help="stop every task after this many seconds (exit code 124)")
     launch.add_argument("--grace", type=_grace_seconds, default=30.0,
                         help="seconds the other workers get to finish after the leader succeeded")
-    launch.add_argument("--private-network", action="store_true",
-                        help="run the job in a new network namespace that has only a loopback "
-                             "interface, so no other host can reach TensorFlow's unauthenticated "
-                             "gRPC ports (which listen on every interface); tasks lose outside "
-                             "network access (Linux; root or unprivileged user namespaces)")
+    launch.add_argument("--network", choices=("private", "host"), default=None,
+                        help="private (the default): the tasks run in a network namespace of their "
+                             "own with only a loopback interface, so no other host can reach "
+                             "TensorFlow's unauthenticated gRPC ports (which listen on every "
+                             "interface), and the tasks have no outside network (download data "
+                             "first); without namespaces (not Linux, no util-linux, user "
+                             "namespaces off) the launch warns and goes on. host: the tasks share "
+                             "this machine's network")
+    launch.add_argument("--private-network", dest="network", action="store_const",
+                        const="private", help="same as --network private")
     launch.add_argument("--max-restarts", type=_count, default=0,
                         help="restart every task up to this many times when one fails (the "
                              "script sees KDIST_RESTART_COUNT; resume with BackupAndRestore)")
@@ -227,17 +232,36 @@ def _task(text: str) -> tuple[str, int]:
 
 
 def _output_file(path: str | None, flag: str) -> None:
-    """Checks, before any work, that `path` can be written (its directory exists, is writable)."""
+    """Checks, before any work, that `path` can be written (its directory exists, is writable,
+    and it is a plain file or nothing yet: never a symlink, which a shared directory's other
+    users could have planted, nor a device or a kernel file)."""
     if path is None:
         return
     directory = os.path.dirname(os.path.abspath(path))
     if os.path.isdir(path):
         raise ClusterSpecError(flag, f"{path!r} is a directory", "give a file name")
+    if os.path.islink(path):
+        raise ClusterSpecError(flag, f"{path!r} is a symlink, which kdist does not write through",
+                               "give the file's real path")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ClusterSpecError(flag, f"{path!r} is not a regular file", "give a file's path")
     if not os.path.isdir(directory):
         raise ClusterSpecError(flag, f"directory {directory!r} does not exist",
                                "create it first, or write elsewhere")
     if not os.access(directory, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
         raise ClusterSpecError(flag, f"{path!r} is not writable", "write to a writable location")
+
+
+def _write(path: str, text: str, flag: str) -> None:
+    """Writes `text` to `path` (checked by `_output_file`); an error the system reports only
+    then (a full disk, a kernel file) is one line naming the flag."""
+    from kdist import safe_files
+
+    try:
+        safe_files.write_text(path, text)
+    except OSError as err:
+        raise ClusterSpecError(flag, f"{path!r} cannot be written ({err.strerror or err})",
+                               "write to a regular file in a writable directory") from None
 
 
 def _launch_spec(args) -> ClusterSpec:
@@ -325,8 +349,7 @@ def _k8s(args) -> int:
     _output_file(args.output, "--output")
     manifests = render.to_yaml(render.render(spec, command, args.namespace, args.image, args.format))
     if args.output:
-        with open(args.output, "w", encoding="utf-8") as f:
-            f.write(manifests)
+        _write(args.output, manifests, "--output")
     else:
         sys.stdout.write(manifests)
     return 0
@@ -345,10 +368,6 @@ def _exec(args) -> int:
 def _launch(args) -> int:
     from kdist.launch import Launcher
 
-    if args.private_network:
-        from kdist.launch.private_network import enter_private_network
-
-        enter_private_network()
     _output_file(args.summary, "--summary")
     if args.log_dir is not None and os.path.exists(args.log_dir) and \
             not os.path.isdir(args.log_dir):
@@ -357,7 +376,7 @@ def _launch(args) -> int:
     launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
                         grace=args.grace, max_restarts=args.max_restarts,
                         min_workers=args.min_workers, log_dir=args.log_dir,
-                        summary=args.summary, tf_logs=args.tf_logs)
+                        summary=args.summary, tf_logs=args.tf_logs, network=args.network)
     return launcher.run()
 
 

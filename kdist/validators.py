@@ -16,15 +16,20 @@ from typing import Any
 
 
 class UsageError(ValueError):
-    """A bad argument: ``<field>: <problem>. Fix: <what to do>``."""
+    """A bad argument: ``<field>: <problem>. Fix: <what to do>``, on one line (a field or value
+    from the user's file with a newline or another control character shows it escaped)."""
 
     def __init__(self, field: str, problem: str, fix: str):
         self.field, self.problem, self.fix = field, problem, fix
-        super().__init__(f"{field}: {problem}. Fix: {fix}")
+        super().__init__(f"{_printable(field)}: {_printable(problem)}. Fix: {_printable(fix)}")
 
     def renamed(self, field: str) -> "UsageError":
         """The same error for another name of the field (e.g. a command-line flag)."""
         return UsageError(field, self.problem, self.fix)
+
+
+def _printable(text: str) -> str:
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
 
 
 def _check(ok: bool, value: Any, name: str, fix: str) -> None:

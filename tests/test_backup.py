@@ -220,3 +220,20 @@ def test_a_backup_without_a_manifest_is_refused_not_restored_unchecked(tmp_path)
     with pytest.raises(backup.BackupError, match=r"latest.weights.h5, training_metadata.json "
                                                  r"without a kdist manifest.*Fix: move it away"):
         fit(new_model(), backup_dir, epochs=2)
+
+
+def test_a_generation_planted_as_a_symlink_is_neither_restored_nor_counted(tmp_path):
+    """In a shared backup directory another user could plant `generation-999999` pointing at a
+    backup of their own: it is ignored, and the next save is numbered after the real ones."""
+    backup_dir = tmp_path / "backup"
+    fit(new_model(), backup_dir, epochs=1, save_freq="epoch")
+    real = backup.generations(str(backup_dir))
+    planted = tmp_path / "theirs"
+    fit(new_model(units=8, seed=7), planted, epochs=2, save_freq="epoch")
+    os.symlink(backup.generations(str(planted))[0], backup_dir / "generation-999999")
+    assert backup.generations(str(backup_dir)) == real
+    callback, _ = restore_and_record(new_model(seed=1), backup_dir)
+    assert callback.restored.path == real[0]
+    written = backup.write(str(backup_dir), new_model(), {"epoch": 1, "step": 0})
+    assert os.path.basename(written) == "generation-%06d" % (int(real[0][-6:]) + 1)
+    assert os.path.isdir(backup.generations(str(planted))[0])  # theirs untouched

@@ -161,10 +161,18 @@ def test_what_tensorflow_accepts_kdist_accepts_too():
         assert ClusterSpec.from_tf_config(text).task == "worker:0"
 
 
-count = st.one_of(st.integers(-1, 3), st.integers(-1, 80), st.none(), st.text(max_size=3))
-roles = st.dictionaries(job_name, st.one_of(count, st.booleans(), st.floats(allow_nan=False),
-                                            st.fixed_dictionaries({"count": st.integers(-1, 3)})),
-                        max_size=4)
+count = st.one_of(st.integers(-1, 3), st.integers(-1, 80), st.none(), st.text(max_size=3),
+                  # huge and overflowing counts: refused before anything is expanded
+                  st.sampled_from([10**5 + 1, 10**9, 2**63, 2**64, 10**30]),
+                  st.integers(2, 2**70))
+# keys YAML allows and JSON does not: numbers, booleans, None, mixed with strings
+odd_key = st.one_of(st.text(max_size=6), st.integers(-2, 3), st.booleans(), st.none())
+mixed_keys = st.dictionaries(odd_key, json_leaf, min_size=1, max_size=4)
+roles = st.dictionaries(st.one_of(job_name, odd_key), st.one_of(
+    count, st.booleans(), st.floats(allow_nan=False),
+    st.fixed_dictionaries({"count": st.integers(-1, 3)}),
+    st.fixed_dictionaries({"count": count}).flatmap(
+        lambda fixed: mixed_keys.map(lambda extra: {**extra, **fixed}))), max_size=4)
 spec_file = st.one_of(
     st.fixed_dictionaries({"name": st.sampled_from(["job", "Bad_Name", "", "x" * 70]),
                            "roles": roles},
@@ -175,21 +183,67 @@ spec_file = st.one_of(
                                     "host": json_leaf, "resources": json_value}),
     st.fixed_dictionaries({"cluster": cluster}, optional={"name": json_leaf}),
     st.dictionaries(st.text(max_size=8), json_value, max_size=4),
+    mixed_keys.map(lambda extra: {"roles": {"worker": 2}, **extra}),
     json_value)
+# YAML and JSON that do not parse, many lines of it
+broken_text = st.one_of(st.text(max_size=60), st.sampled_from([
+    "roles: {worker: 2\n  ps: [1\n", "roles:\n\t- worker\n", "{\"roles\": {\"worker\": 2,}}",
+    "a: b: c\n", "roles: [&x 1, *y]\n", "- - - [\n"]))
 
 
 @EXAMPLES
 @given(content=spec_file, as_yaml=st.booleans())
 def test_spec_files_load_or_fail_with_a_field(content, as_yaml):
+    """Never a traceback, unbounded memory or time (hypothesis's deadline): a spec loads, or
+    fails with one line naming the field and the fix."""
     with tempfile.TemporaryDirectory() as folder:
         path = os.path.join(folder, "spec.yaml" if as_yaml else "spec.json")
+        try:
+            text = yaml.safe_dump(content) if as_yaml else json.dumps(content)
+        except TypeError:  # JSON has no non-string keys: YAML then
+            path, text = os.path.join(folder, "spec.yaml"), yaml.safe_dump(content)
         with open(path, "w", encoding="utf-8") as f:
-            f.write(yaml.safe_dump(content) if as_yaml else json.dumps(content))
+            f.write(text)
         for read in (load_spec, read_k8s_spec):
             try:
                 read(path)
             except ClusterSpecError as err:
-                assert "Fix:" in str(err)
+                assert "Fix:" in str(err) and "\n" not in str(err), str(err)
+
+
+@EXAMPLES
+@given(text=broken_text, suffix=st.sampled_from([".yaml", ".json"]))
+def test_unparsable_spec_files_fail_in_one_line_with_the_place(text, suffix):
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "spec" + suffix)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+        try:
+            load_spec(path)
+        except ClusterSpecError as err:
+            assert "Fix:" in str(err) and "\n" not in str(err), str(err)
+
+
+pattern = st.one_of(st.text(alphabet="{}[].!:>0123456789rolexindjbmsapc-", max_size=24),
+                    st.sampled_from(["{role}{index}{role[x]}", "{role.__class__}", "{index:>9999}",
+                                     "{role!r}{index}", "{job}-{role}-{index}", "{{role}}{index}",
+                                     "{0}{1}", "{}{role}{index}", "{role}{index}{namespace}"]))
+
+
+@EXAMPLES
+@given(host_pattern=pattern)
+def test_host_patterns_fill_in_or_fail_in_one_line(host_pattern):
+    """--host-pattern: only {job}, {role}, {index} and {namespace}, plain: no attribute or item
+    access, conversion or format spec reaches str.format."""
+    from kdist.k8s import render
+
+    spec = read_k8s_spec("cluster_specs/k8s-ps.yaml")
+    try:
+        cluster = render.kubernetes_cluster(spec, "ml", host_pattern)
+    except ClusterSpecError as err:
+        assert err.field == "--host-pattern" and "\n" not in str(err)
+        return
+    assert all(len(address) < 200 for addresses in cluster.jobs.values() for address in addresses)
 
 
 def test_the_documented_cases_are_each_seen_and_listed_in_the_docs():

@@ -29,8 +29,8 @@ def rendered(path, fmt="jobs", namespace="ml"):
 @pytest.mark.parametrize("path", PRESETS)
 def test_jobs_manifests_validate_against_the_kubernetes_schemas(path):
     documents = rendered(path)
-    assert [d["kind"] for d in documents][0] == "Service"
-    assert {d["kind"] for d in documents} == {"Service", "Job", "NetworkPolicy"}
+    assert [d["kind"] for d in documents][:2] == ["Secret", "Service"]
+    assert {d["kind"] for d in documents} == {"Secret", "Service", "Job", "NetworkPolicy"}
     for document in documents:
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(document, version, strict=True)
@@ -54,7 +54,7 @@ def test_each_pod_computes_the_tf_config_the_spec_implies(path):
     for job in (d for d in rendered(path) if d["kind"] == "Job"):
         role = job["metadata"]["name"].rsplit("-", 1)[1]
         container = job["spec"]["template"]["spec"]["containers"][0]
-        env = {e["name"]: e["value"] for e in container["env"]}
+        env = {e["name"]: e["value"] for e in container["env"] if "value" in e}
         assert container["command"][:3] == ["kdist", "exec", "--"]
         assert job["spec"]["completions"] == spec.roles[role]
         for index in range(job["spec"]["completions"]):
@@ -66,7 +66,8 @@ def test_each_pod_computes_the_tf_config_the_spec_implies(path):
 def test_kdist_exec_sets_tf_config_and_runs_the_command():
     job = next(d for d in rendered("cluster_specs/k8s-ps.yaml")
                if d["kind"] == "Job" and d["metadata"]["name"] == "mnist-ps-ps")
-    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e["value"] for e in job["spec"]["template"]["spec"]["containers"][0]["env"]
+           if "value" in e}
     result = run_kdist(["exec", "--", sys.executable, "-c",
                         "import os; print(os.environ['TF_CONFIG'])"], timeout=60,
                        env={**env, "JOB_COMPLETION_INDEX": "1"})
@@ -78,17 +79,19 @@ def test_kdist_exec_sets_tf_config_and_runs_the_command():
                                             "task": {"type": "ps", "index": 1}}
 
 
-def test_network_policy_admits_grpc_only_from_the_jobs_own_pods():
+def test_network_policy_admits_grpc_and_the_ring_only_from_the_jobs_own_pods():
     policy = next(d for d in rendered("cluster_specs/k8s-mwms.yaml") if d["kind"] == "NetworkPolicy")
     selector = {"matchLabels": {"kdist.dev/job": "mnist-mwms"}}
     assert policy["spec"]["podSelector"] == selector
     assert policy["spec"]["ingress"] == [{"from": [{"podSelector": selector}],
-                                          "ports": [{"protocol": "TCP", "port": 2222}]}]
+                                          "ports": [{"protocol": "TCP", "port": 2222},
+                                                    {"protocol": "TCP", "port": 2223}]}]
 
 
 @pytest.mark.parametrize("path", PRESETS)
 def test_tfjob_uses_chief_never_master_and_a_tensorflow_container(path):
-    tfjob, policy = rendered(path, fmt="tfjob")
+    secret, tfjob, policy = rendered(path, fmt="tfjob")
+    assert secret["kind"] == "Secret"
     assert tfjob["apiVersion"] == "kubeflow.org/v1" and tfjob["kind"] == "TFJob"
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     assert "Master" not in replicas and set(replicas) <= {"Chief", "Worker", "PS", "Evaluator"}
@@ -100,7 +103,7 @@ def test_tfjob_uses_chief_never_master_and_a_tensorflow_container(path):
 
 @pytest.mark.parametrize("content,field,words", [
     ("name: x\nroles: {trainer: 2}\n", "roles.trainer", "unknown job"),
-    ("name: x\nroles: {chief: 2, worker: 1}\n", "cluster.chief", "at most one"),
+    ("name: x\nroles: {chief: 2, worker: 1}\n", "roles.chief", "at most one"),
     ("name: x\nroles: {worker: 1, ps: 1}\n", "cluster.chief", "needs a chief"),
     ("name: Bad_Name\nroles: {worker: 2}\n", "name", "not a Kubernetes name"),
     ("name: x\nroles: {worker: 2}\nrestart_policy: Always\n", "restart_policy", "Never or OnFailure"),
@@ -130,11 +133,12 @@ def test_evaluator_pod_gets_the_training_cluster_and_its_own_task(tmp_path):
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(document, version, strict=True)
     env = {e["name"]: e["value"]
-           for e in jobs["ev-evaluator"]["spec"]["template"]["spec"]["containers"][0]["env"]}
+           for e in jobs["ev-evaluator"]["spec"]["template"]["spec"]["containers"][0]["env"]
+           if "value" in e}
     tf_config = json.loads(pod.tf_config({**env, "JOB_COMPLETION_INDEX": "0"}))
     assert tf_config["task"] == {"type": "evaluator", "index": 0}
     assert set(tf_config["cluster"]) == {"chief", "worker"}  # nobody connects to the evaluator
-    tfjob = rendered(str(path), fmt="tfjob")[0]
+    tfjob = rendered(str(path), fmt="tfjob")[1]
     assert tfjob["spec"]["tfReplicaSpecs"]["Evaluator"]["replicas"] == 1
 
 
@@ -145,7 +149,7 @@ def test_tf_config_host_pattern_names_every_task(tmp_path):
     assert json.loads(result.stdout)["cluster"] == {
         "chief": ["chief0.lab.example:2222"], "ps": ["ps0.lab.example:2222", "ps1.lab.example:2222"],
         "worker": ["worker0.lab.example:2222", "worker1.lab.example:2222"]}
-    for pattern, words in [("{role}-{index}-{rank}.lab", "cannot be filled in"), ("node.lab", "lacks {role}")]:
+    for pattern, words in [("{role}-{index}-{rank}.lab", "{rank} in"), ("node.lab", "lacks {role}")]:
         result = run_kdist(["tf-config", "--spec", "cluster_specs/k8s-ps.yaml", "--task", "ps:0",
                             "--host-pattern", pattern], timeout=60)
         assert result.returncode == 2 and "--host-pattern" in result.stderr and words in result.stderr

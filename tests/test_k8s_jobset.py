@@ -48,9 +48,10 @@ def test_manifests_validate_strictly(path, fmt):
     included; each Job template inside, and the NetworkPolicy, against the Kubernetes schemas."""
     documents = rendered(path, fmt)
     kinds = [d["kind"] for d in documents]
-    assert kinds == (["JobSet"] if fmt == "jobset" else ["TrainingRuntime", "TrainJob"]) + \
-        ["NetworkPolicy"]
-    for document in documents[:-1]:
+    assert kinds == ["Secret"] + (["JobSet"] if fmt == "jobset" else
+                                  ["TrainingRuntime", "TrainJob"]) + ["NetworkPolicy"]
+    kubernetes_validate.validate(documents[0], kubernetes_validate.latest_version(), strict=True)
+    for document in documents[1:-1]:
         trainer_models.validate(document)
         for _, template in (job_templates(document) if document["kind"] != "TrainJob" else []):
             job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"}, **template}
@@ -60,7 +61,7 @@ def test_manifests_validate_strictly(path, fmt):
 
 
 def test_the_strict_check_names_a_misspelt_field():
-    document = rendered(PRESETS[1], "jobset")[0]
+    document = rendered(PRESETS[1], "jobset")[1]
     document["spec"]["failurePolicy"]["maxRestart"] = 3
     document["spec"]["replicatedJobs"][1]["template"]["spec"]["template"]["spec"]["containers"][0][
         "envFrom2"] = []
@@ -88,11 +89,11 @@ def test_each_jobset_pod_derives_the_cluster_from_jobsets_labels(path):
 
 
 def test_jobset_succeeds_with_the_chief_and_restarts_the_whole_set_on_failure(tmp_path):
-    ps_set = rendered(PRESETS[1], "jobset")[0]["spec"]
+    ps_set = rendered(PRESETS[1], "jobset")[1]["spec"]
     assert ps_set["successPolicy"] == {"operator": "All", "targetReplicatedJobs": ["chief"]}
     spec_file = tmp_path / "job.yaml"
     spec_file.write_text("name: demo\nroles: {worker: 3}\nbackoff_limit: 4\n")
-    mwms_set = rendered(str(spec_file), "jobset")[0]["spec"]
+    mwms_set = rendered(str(spec_file), "jobset")[1]["spec"]
     assert mwms_set["successPolicy"]["targetReplicatedJobs"] == ["worker"]
     assert mwms_set["failurePolicy"] == {"maxRestarts": 4, "rules": [
         {"name": "NotRestartable", "action": "FailJobSet", "onJobFailureReasons": ["PodFailurePolicy"]}]}
@@ -105,7 +106,7 @@ def test_jobset_succeeds_with_the_chief_and_restarts_the_whole_set_on_failure(tm
 
 
 def test_trainjob_runs_the_command_on_num_nodes_workers_of_kdists_runtime():
-    runtime, train_job, policy = rendered(PRESETS[0], "trainjob")
+    _, runtime, train_job, policy = rendered(PRESETS[0], "trainjob")
     assert train_job["spec"]["runtimeRef"] == {"name": "kdist-tensorflow", "kind": "TrainingRuntime",
                                                "apiGroup": "trainer.kubeflow.org"}
     trainer = train_job["spec"]["trainer"]
@@ -123,7 +124,9 @@ def test_trainjob_runs_the_command_on_num_nodes_workers_of_kdists_runtime():
         ("metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']", "node"),
         ("metadata.labels['jobset.sigs.k8s.io/job-index']", "0"), ("metadata.namespace", "ml"))}
     env = {e["name"]: fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]}
-    env.update({e["name"]: e["value"] for e in trainer["env"]})
+    env.update({e["name"]: e["value"] for e in trainer["env"] if "value" in e})
+    assert {"name": "KDIST_JOB_SECRET", "valueFrom": {"secretKeyRef": {
+        "name": "mnist-mwms-kdist", "key": "job-secret"}}} in trainer["env"]
     for index in range(2):
         tf_config = json.loads(pod.tf_config({**env, "JOB_COMPLETION_INDEX": str(index)}))
         assert tf_config == {"cluster": {"worker": [

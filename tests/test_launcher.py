@@ -245,46 +245,148 @@ def test_max_restarts_must_be_a_count():
     assert result.returncode == 2 and "--max-restarts: '-1' is out of range" in result.stderr
 
 
-def test_private_network_runs_the_job_in_its_own_network_namespace(tmp_path):
-    probe = "import os; print('netns', os.readlink('/proc/self/ns/net'))"
-    result = run_kdist(["launch", "--workers", "2", "--private-network", "--", sys.executable,
-                        "-c", probe], timeout=60)
+# ------------------------------------------------------------------ the network (issue 41)
+NETNS_PROBE = "import os; print('netns', os.readlink('/proc/self/ns/net'))"
+
+
+def namespaces_of(output):
+    return {line.split("netns ", 1)[1] for line in output.splitlines() if "] netns " in line}
+
+
+def test_a_default_launch_runs_its_tasks_in_one_private_network_namespace():
+    result = run_kdist(["launch", "--workers", "2", "--", sys.executable, "-c", NETNS_PROBE],
+                       timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
-    namespaces = {line.split("netns ", 1)[1] for line in result.stdout.splitlines()
-                  if "] netns " in line}
+    namespaces = namespaces_of(result.stdout)
     assert len(namespaces) == 1 and namespaces != {os.readlink("/proc/self/ns/net")}
+    assert "on a private network (only they reach each other)" in result.stdout
+    host = run_kdist(["launch", "--workers", "2", "--network", "host", "--", sys.executable, "-c",
+                      NETNS_PROBE], timeout=60)
+    assert host.returncode == 0 and namespaces_of(host.stdout) == {
+        os.readlink("/proc/self/ns/net")}
+    assert "private network" not in host.stdout
 
 
-def test_private_network_ports_cannot_be_reached_from_outside(tmp_path):
+def test_without_unprivileged_namespaces_the_launch_warns_or_fails_as_asked(tmp_path):
+    """Where unshare cannot make a namespace (here: it is not on PATH), a default launch names
+    the exposed ports and the flag; --network private fails with the reason."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    os.symlink(sys.executable, bin_dir / "python")
+    env = dict(os.environ, PATH=str(bin_dir))
+    result = run_kdist(["launch", "--workers", "2", "--", "python", "-c", "pass"], timeout=60,
+                       env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"WARNING: the tasks' TensorFlow ports \(127\.0\.0\.1:\d+, 127\.0\.0\.1:"
+                     r"\d+\) are reachable from other hosts: .* No private network here: unshare "
+                     r"and nsenter not on PATH \(install util-linux\)\..* --network host",
+                     result.stdout), result.stdout
+    asked = run_kdist(["launch", "--workers", "2", "--network", "private", "--", "python", "-c",
+                       "pass"], timeout=60, env=env)
+    assert asked.returncode == 2 and "--network: private: unshare and nsenter not on PATH" in \
+        asked.stderr, asked.stderr
+
+
+def test_private_network_ports_cannot_be_reached_from_this_host(tmp_path):
     """The namespace has only a loopback interface, and a task's port is closed to this host."""
     import socket
 
-    port = tmp_path / "port"
-    listener = ("import os, socket, sys, time\n"
-                "s = socket.create_server(('0.0.0.0', 0))\n"
-                f"name = {str(port)!r} + os.environ['TF_CONFIG'][-3:-2]\n"
-                "open(name + '.tmp', 'w').write(str(s.getsockname()[1]))\n"
-                "os.replace(name + '.tmp', name)\n"
-                "names = [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]]\n"
-                "print('interfaces', sorted(names), flush=True)\n"
-                "time.sleep(8)")
     launcher = subprocess.Popen([sys.executable, "-m", "kdist", "launch", "--workers", "2",
-                                 "--private-network", "--", sys.executable, "-c", listener],
+                                 "--private-network", "--", sys.executable,
+                                 os.path.join(ROOT, "tests", "programs", "serve_and_wait.py"),
+                                 str(tmp_path)],
                                 cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 30
-        while not list(tmp_path.glob("port?")) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        written = [int(p.read_text()) for p in tmp_path.glob("port?")]
-        assert written, "no task listened"
-        with pytest.raises(ConnectionRefusedError):
-            socket.create_connection(("127.0.0.1", written[0]), timeout=5).close()
+        ports = wait_for_ports(tmp_path, 2)
+        for port in ports:
+            with pytest.raises(ConnectionRefusedError):
+                socket.create_connection(("127.0.0.1", port), timeout=5).close()
+        (tmp_path / "done").touch()
         output, _ = launcher.communicate(timeout=scaled(60))
     finally:
         launcher.kill()
         launcher.wait()
     assert launcher.returncode == 0, output
-    assert "interfaces ['lo']" in output
+
+
+def test_a_task_that_needs_the_outside_network_is_told_why_it_has_none():
+    download = "import urllib.request; urllib.request.urlopen('http://data.example.org/x', timeout=5)"
+    result = run_kdist(["launch", "--workers", "2", "--", sys.executable, "-c", download],
+                       timeout=60)
+    assert result.returncode == 1
+    assert "name resolution" in result.stdout or "Name or service not known" in result.stdout
+    assert "hint: the tasks ran on kdist launch's private network, which has no outside access: " \
+        "download what they need before the launch, or pass --network host" in result.stdout
+
+
+def test_the_rootless_namespace_isolates_the_same_way():
+    """What a non-root user gets (unshare --user --map-root-user, nsenter --user), run here as
+    root: a namespace with only loopback, whose tasks keep their pid and get their signals."""
+    from kdist.launch.private_network import PrivateNetwork
+
+    probe = ("import os, socket, time\n"
+             "server = socket.create_server(('127.0.0.1', 0))\n"
+             "socket.create_connection(server.getsockname()).close()\n"
+             "names = [l.split(':')[0].strip() for l in open('/proc/net/dev').readlines()[2:]]\n"
+             "print(os.getpid(), os.readlink('/proc/self/ns/net'), "
+             "os.readlink('/proc/self/ns/user'), names, flush=True)\n"
+             "time.sleep(60)")
+    with PrivateNetwork(rootless=True) as network:
+        assert "--user" in network.exec_prefix()
+        task = subprocess.Popen(network.exec_prefix() + [sys.executable, "-c", probe],
+                                stdout=subprocess.PIPE, text=True)
+        try:
+            pid, net, user, names = task.stdout.readline().split(" ", 3)
+            task.terminate()
+            assert task.wait(timeout=10) == -signal.SIGTERM
+        finally:
+            task.kill()
+            task.wait()
+    assert int(pid) == task.pid
+    assert net != os.readlink("/proc/self/ns/net") and user != os.readlink("/proc/self/ns/user")
+    assert names.strip() == "['lo']"
+
+
+def wait_for_ports(folder, count, timeout=60):
+    deadline = time.monotonic() + scaled(timeout)
+    while len(list(folder.glob("*.port"))) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+    ports = [int(p.read_text()) for p in folder.glob("*.port")]
+    assert len(ports) == count, f"{len(ports)} of {count} tasks listened"
+    return ports
+
+
+@pytest.mark.parametrize("network", ["default", "host"])
+def test_another_host_cannot_reach_a_default_launchs_workers(netns, tmp_path, network):
+    """Two emulated hosts: the launch runs on one (2 workers with TensorFlow's gRPC servers), the
+    other tries every worker's port. By default none answers; with --network host all do."""
+    from kdist.k8s import netlab
+
+    probe = ("import socket, sys\ntry:\n    socket.create_connection((sys.argv[1], "
+             "int(sys.argv[2])), timeout=3).close()\n    print('reached')\n"
+             "except OSError as err:\n    print(type(err).__name__)")
+    flags = ["--network", "host"] if network == "host" else []
+    with netlab.Network(["laptop.test", "stranger.test"]) as lab:
+        launcher = subprocess.Popen(
+            lab.exec_prefix("laptop.test") + [
+                sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout", "120",
+                *flags, "--", sys.executable,
+                os.path.join(ROOT, "tests", "programs", "serve_and_wait.py"), str(tmp_path)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            ports = wait_for_ports(tmp_path, 2)
+            answers = [subprocess.run(
+                lab.exec_prefix("stranger.test") + [sys.executable, "-c", probe,
+                                                    lab.addresses["laptop.test"], str(port)],
+                capture_output=True, text=True, timeout=30).stdout.strip() for port in ports]
+            (tmp_path / "done").touch()
+            output, _ = launcher.communicate(timeout=scaled(60))
+        finally:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 0, output
+    expected = "reached" if network == "host" else "ConnectionRefusedError"
+    assert answers == [expected, expected], answers
 
 
 def test_evaluator_gets_its_own_task_next_to_the_training_cluster(tmp_path):

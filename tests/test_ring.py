@@ -1,7 +1,9 @@
 """kdist's TCP ring all-reduce (`kdist.exchange.ring`) between real sockets: every worker gets the
 same sum, equal to NumPy's within float summation order, for 2 to 4 workers, float32, float16 and
-bfloat16, uneven sizes; a silent peer ends in an error naming it, never a hang. (Two real worker
-processes training through it: tests/test_multi_worker.py.)"""
+bfloat16, uneven sizes; a silent peer ends in an error naming it, never a hang; a stranger without
+the job's secret is refused while the ring forms all the same, and a worker with another secret
+fails naming the cause. (Two real worker processes training through it:
+tests/test_multi_worker.py.)"""
 
 import threading
 
@@ -11,9 +13,12 @@ import pytest
 from kdist.exchange.ring import Ring, RingError
 
 
-def rings(size, timeout=20.0, generation=0):
-    """`size` connected rings in this process (threads), rendezvous through a dict."""
-    store, changed = {}, threading.Condition()
+def rings(size, timeout=20.0, generation=0, secrets=None, store=None, errors=None):
+    """`size` connected rings in this process (threads), rendezvous through a dict `store`; each
+    member proves `secrets[rank]` (default: one shared secret); failures go to `errors`."""
+    store = {} if store is None else store
+    changed = threading.Condition()
+    secrets = secrets or [b"the job's secret"] * size
 
     def publish(key, value):
         with changed:
@@ -27,8 +32,17 @@ def rings(size, timeout=20.0, generation=0):
 
     addresses = [f"127.0.0.1:{9000 + r}" for r in range(size)]
     made = [None] * size
-    threads = [threading.Thread(target=lambda r=r: made.__setitem__(r, Ring.connect(
-        r, addresses, publish, lookup, timeout, generation=generation))) for r in range(size)]
+
+    def join(r):
+        try:
+            made[r] = Ring.connect(r, addresses, publish, lookup, timeout, generation=generation,
+                                   secret=secrets[r])
+        except RingError as error:
+            if errors is None:
+                raise
+            errors[r] = error
+
+    threads = [threading.Thread(target=join, args=(r,)) for r in range(size)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -90,3 +104,107 @@ def test_rings_of_other_models_do_not_mix():
     with pytest.raises(RingError, match="cannot reach the ring's successor"):
         Ring.connect(0, ["127.0.0.1:1", "127.0.0.1:2"], store.__setitem__, store.__getitem__,
                      timeout=0.5, generation=3)
+
+
+def _intrude(store, key="kdist/ring/0/0"):
+    """Connects to the listener published under `key` as a stranger would: answers its nonce
+    with junk; returns the listener's verdict byte."""
+    import socket
+    import time
+
+    while key not in store:
+        time.sleep(0.01)
+    host, _, port = store[key].rpartition(":")
+    with socket.create_connection((host, int(port)), timeout=5) as sock:
+        assert len(sock.recv(16)) == 16  # the nonce
+        sock.sendall(b"x" * 40)
+        return sock.recv(1)
+
+
+def _member(rank, store, outcome, timeout=20.0, secret=b"the job's secret"):
+    def publish(key, value):
+        store[key] = value
+
+    def lookup(key):
+        import time
+
+        deadline = time.monotonic() + timeout
+        while key not in store and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return store[key]
+
+    try:
+        outcome[rank] = Ring.connect(rank, ["127.0.0.1:9000", "127.0.0.1:9001"], publish, lookup,
+                                     timeout, generation=0, secret=secret)
+    except RingError as error:
+        outcome[rank] = error
+
+
+def test_a_stranger_without_the_secret_is_refused_and_the_ring_forms_all_the_same(caplog):
+    """A connection to a worker's ring port that cannot prove the job's secret (here: it answers
+    the nonce with junk, as anyone who can reach the port could) is refused; the worker waits on
+    for its real predecessor, and the sums are right."""
+    import logging
+
+    logging.getLogger("kdist").addHandler(caplog.handler)  # kdist's logger does not propagate
+    store, outcome = {}, {}
+    first = threading.Thread(target=_member, args=(0, store, outcome))
+    first.start()
+    assert _intrude(store) == b"\x00"  # refused, before the real predecessor comes
+    second = threading.Thread(target=_member, args=(1, store, outcome))
+    second.start()
+    first.join()
+    second.join()
+    members = [outcome[0], outcome[1]]
+    assert all(isinstance(m, Ring) for m in members), members
+    results = all_reduce(members, [np.ones(8, "float32"), np.full(8, 2.0, "float32")])
+    assert all(np.array_equal(r, np.full(8, 3.0, "float32")) for r in results)
+    assert any("refused a connection from 127.0.0.1" in r.getMessage() and "did not prove the "
+               "job secret" in r.getMessage() for r in caplog.records)
+    logging.getLogger("kdist").removeHandler(caplog.handler)
+    for member in members:
+        member.close()
+
+
+def test_a_worker_left_with_only_strangers_says_so_at_its_deadline():
+    store, outcome = {"kdist/ring/0/1": "127.0.0.1:1"}, {}  # its successor: nobody there
+    alone = threading.Thread(target=_member, args=(0, store, outcome, 2.0))
+    alone.start()
+    assert _intrude(store) == b"\x00"
+    alone.join()
+    assert isinstance(outcome[0], RingError)
+
+
+def test_a_worker_with_another_secret_fails_naming_the_cause():
+    store, outcome = {}, {}
+    members = [threading.Thread(target=_member, args=(r, store, outcome, 3.0, secret))
+               for r, secret in ((0, b"ours"), (1, b"someone else's"))]
+    for member in members:
+        member.start()
+    for member in members:
+        member.join()
+    for error in outcome.values():
+        assert isinstance(error, RingError)
+        assert "refused this worker's proof of the job secret" in str(error)
+        assert "set the same KDIST_JOB_SECRET on every task" in str(error)
+
+
+def test_the_deadline_names_the_refused_connections():
+    import socket
+
+    listener = socket.create_server(("127.0.0.1", 0))
+    store = {}
+
+    def intruder():
+        store["kdist/ring/0/0"] = f"127.0.0.1:{listener.getsockname()[1]}"
+
+    from kdist.exchange import ring
+
+    thread = threading.Thread(target=lambda: store.update(verdict=_intrude(store)))
+    intruder()
+    thread.start()
+    with pytest.raises(RingError, match=r"did not join within 2 s; refused 1 connection\(s\) that "
+                                        r"did not prove the job secret \(from 127\.0\.0\.1:"):
+        ring._admit(listener, b"s", 0, 1, "127.0.0.1:9001", 2.0)
+    thread.join()
+    listener.close()

@@ -37,6 +37,7 @@ _TASK_KEYS = ("type", "index", "trial", "cloud")
 _warned: set[str] = set()  # unknown top-level keys already warned about (once per process)
 logger = logging.getLogger("kdist")
 MAX_LOCAL_TASKS = 64  # tasks of one local cluster (each a TF process on this host)
+MAX_TASKS = 100_000  # tasks of any cluster a spec describes: checked before anything is expanded
 
 
 class ClusterSpecError(UsageError):
@@ -131,6 +132,11 @@ class ClusterSpec:
         if rpc_layer != "grpc":
             raise ClusterSpecError(f"{source}.rpc_layer", f"{rpc_layer!r} is not supported",
                                    'remove it or set it to "grpc"', rule="rpc_layer")
+        if task.get("type") == "evaluator" and cluster.get("evaluator") == []:
+            raise ClusterSpecError(f"{source}.cluster.evaluator", "an empty list while this task "
+                                   "is the evaluator: TensorFlow refuses it (task_id 0 exceeds the "
+                                   "maximum id)", "remove the evaluator job from cluster (an "
+                                   "evaluator needs no entry there) or give its address")
         return cls(cluster, task.get("type"), task.get("index"), rpc_layer=rpc_layer,
                    environment=environment, source=source,
                    from_environment=from_environment)
@@ -264,9 +270,18 @@ class ClusterSpec:
 
 
 def validate_roles(roles: Mapping[str, Any], source: str) -> dict[str, int]:
-    """Checks job -> task count as TF would check the cluster; returns the counts in kdist's order."""
+    """Checks job -> task count as TF would check the cluster; returns the counts in kdist's order.
+    Counts are bounded before any task is expanded (`MAX_TASKS`, one chief, one evaluator)."""
     _check_jobs_are_known(roles, prefix=f"{source}.roles")
     counts = {job: _count(roles[job], f"{source}.roles.{job}") for job in JOBS if job in roles}
+    for job in ("chief", "evaluator"):
+        if counts.get(job, 0) > 1:
+            raise ClusterSpecError(f"{source}.roles.{job}", f"{counts[job]} tasks, TF allows at "
+                                   "most one", f"keep one {job} and make the others workers")
+    if sum(counts.values()) > MAX_TASKS:
+        raise ClusterSpecError(f"{source}.roles", f"{sum(counts.values())} tasks in all",
+                               f"describe at most {MAX_TASKS:,} tasks (a TensorFlow cluster of "
+                               "more is untested: split the job)")
     ClusterSpec({job: [f"task{i}.{job}:1" for i in range(n)] for job, n in counts.items() if n},
                 source=source)
     return counts
@@ -276,7 +291,7 @@ def validate_roles(roles: Mapping[str, Any], source: str) -> dict[str, int]:
 def _warn_about_unknown_keys(config: Mapping[str, Any], source: str) -> None:
     """Top-level keys TF ignores are ignored here too (never stricter than TF), with one warning
     per key and process; the keys platforms document (`PLATFORM_KEYS`) are accepted silently."""
-    for key in sorted(set(config) - set(_TOP_LEVEL_KEYS) - set(PLATFORM_KEYS)):
+    for key in sorted(set(config) - set(_TOP_LEVEL_KEYS) - set(PLATFORM_KEYS), key=str):
         if key not in _warned:
             _warned.add(key)
             logger.warning("kdist: %s.%s: unknown key, ignored (TensorFlow ignores it too; kdist "

@@ -14,7 +14,9 @@ Keys: ``name`` (optional text; required for Kubernetes), ``roles`` (job -> task 
 job -> ``{count, resources}``) or ``cluster`` (job -> addresses), ``host`` (roles form only; default
 127.0.0.1). Kubernetes only (`kdist k8s render`, ignored by local launches): ``port`` (2222),
 ``image``, ``command`` (list), ``resources`` (requests/limits for every role), ``restart_policy``
-(Never or OnFailure; Never), ``backoff_limit`` (0). Unknown keys are errors.
+(Never or OnFailure; Never), ``backoff_limit`` (0), ``run_as_user`` (the pods' non-root user,
+1000) and ``run_as_root`` (false: pods the Pod Security Standards' restricted profile admits;
+`kdist.k8s.security`). Unknown keys are errors.
 
 >>> from kdist.cluster.spec_file import load_spec
 >>> load_spec("cluster_specs/local-2-workers.json").roles      # doctest: +SKIP
@@ -33,8 +35,9 @@ from kdist import validators
 from kdist.cluster.spec import ClusterSpec, ClusterSpecError, _count, validate_roles
 
 _KEYS = ("name", "roles", "cluster", "host", "port", "image", "command", "resources",
-         "restart_policy", "backoff_limit")
-KUBERNETES_ONLY = ("port", "image", "command", "resources", "restart_policy", "backoff_limit")
+         "restart_policy", "backoff_limit", "run_as_user", "run_as_root")
+KUBERNETES_ONLY = ("port", "image", "command", "resources", "restart_policy", "backoff_limit",
+                   "run_as_user", "run_as_root")
 
 
 def read_spec(path: str) -> dict[str, Any]:
@@ -56,10 +59,11 @@ def read_spec(path: str) -> dict[str, Any]:
         else:
             data = json.loads(text)
     except Exception as err:  # json.JSONDecodeError, yaml.YAMLError (not a ValueError)
-        raise ClusterSpecError(path, f"cannot be parsed ({err})", "fix the syntax") from None
+        raise ClusterSpecError(path, f"cannot be parsed: {_where(err)}", "fix the syntax there "
+                               "(JSON for .json, YAML for .yaml/.yml)") from None
     if not isinstance(data, dict):
         raise ClusterSpecError(path, "must hold a mapping", 'write {"roles": {"worker": 2}}')
-    unknown = sorted(set(data) - set(_KEYS))
+    unknown = sorted(set(data) - set(_KEYS), key=str)
     if unknown:
         raise ClusterSpecError(f"{path}.{unknown[0]}", "unknown key", f"use only {', '.join(_KEYS)}")
     if ("roles" in data) == ("cluster" in data):
@@ -67,6 +71,17 @@ def read_spec(path: str) -> dict[str, Any]:
                                'write "roles": {"worker": 2} (ports picked at launch) or "cluster": '
                                '{"worker": ["host:port", ...]}')
     return data
+
+
+def _where(error: Exception) -> str:
+    """A parser's error in one line: what, at which line and column."""
+    mark = getattr(error, "problem_mark", None)  # yaml.MarkedYAMLError
+    if mark is not None:
+        what = getattr(error, "problem", None) or "invalid YAML"
+        return f"{what} at line {mark.line + 1}, column {mark.column + 1}"
+    if hasattr(error, "lineno"):  # json.JSONDecodeError
+        return f"{error.msg} at line {error.lineno}, column {error.colno}"
+    return " ".join(str(error).split())[:200]
 
 
 def load_spec(path: str, host: str | None = None) -> ClusterSpec:
@@ -93,7 +108,7 @@ def _role_counts(data: dict, path: str) -> dict[str, int]:
     counts = {}
     for role, value in roles.items():
         if isinstance(value, dict):
-            unknown = sorted(set(value) - {"count", "resources"})
+            unknown = sorted(set(value) - {"count", "resources"}, key=str)
             if unknown:
                 raise ClusterSpecError(f"{path}.roles.{role}.{unknown[0]}", "unknown key",
                                        "use count and resources")
@@ -115,6 +130,8 @@ class KubernetesSpec:
     resources: dict = dataclasses.field(default_factory=dict)  # role -> requests/limits
     restart_policy: str = "Never"
     backoff_limit: int = 0
+    run_as_user: int = 1000
+    run_as_root: bool = False
 
 
 def read_k8s_spec(path: str) -> KubernetesSpec:
@@ -130,8 +147,9 @@ def read_k8s_spec(path: str) -> KubernetesSpec:
                                "(at most 42 characters)")
     counts = validate_roles(_role_counts(data, path), path)
     port = data.get("port", 2222)
-    if not validators.port(port):
-        raise ClusterSpecError(f"{path}.port", f"bad port {port!r}", "use 1 to 65535, e.g. 2222")
+    if not validators.port(port) or port == 65535:
+        raise ClusterSpecError(f"{path}.port", f"bad port {port!r}", "use 1 to 65534, e.g. 2222 "
+                               "(kdist's TCP ring takes the next one)")
     restart = data.get("restart_policy", "Never")
     if restart not in ("Never", "OnFailure"):
         raise ClusterSpecError(f"{path}.restart_policy", f"{restart!r} is not a Job restart policy",
@@ -146,8 +164,18 @@ def read_k8s_spec(path: str) -> KubernetesSpec:
                                "write command: [python, train.py]")
     resources = {role: (value.get("resources") if isinstance(value, dict) else None)
                  or data.get("resources") for role, value in data["roles"].items()}
+    user = data.get("run_as_user", 1000)
+    if not validators.is_count(user) or user == 0 or user > 2**31 - 1:
+        raise ClusterSpecError(f"{path}.run_as_user", f"{user!r} is not a non-root user id",
+                               "use a user id from 1 to 2147483647 (default 1000), or "
+                               "run_as_root: true for an image that must run as root")
+    root = data.get("run_as_root", False)
+    if not isinstance(root, bool):
+        raise ClusterSpecError(f"{path}.run_as_root", f"{root!r} is not true or false",
+                               "write run_as_root: true (the image runs as root) or leave it out")
     return KubernetesSpec(path=path, name=name, roles={r: n for r, n in counts.items() if n},
                           port=port, image=data.get("image"),
                           command=None if command is None else tuple(command),
                           resources={r: v for r, v in resources.items() if v},
-                          restart_policy=restart, backoff_limit=backoff)
+                          restart_policy=restart, backoff_limit=backoff, run_as_user=user,
+                          run_as_root=root)

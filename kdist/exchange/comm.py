@@ -16,6 +16,7 @@ replica's device first: data parallel across workers, one group per model-parall
 from __future__ import annotations
 
 import functools
+import os
 
 
 class Comm:
@@ -99,10 +100,47 @@ class _LazyRing:
             from kdist.exchange.ring import Ring
             from kdist.keras_seam import tf_internals
 
-            self._ring = Ring.connect(
-                self.rank, self.addresses, tf_internals.set_job_key,
-                lambda key: tf_internals.get_job_key(key, int(self.timeout * 1000)), self.timeout)
+            lookup = lambda key: tf_internals.get_job_key(key, int(self.timeout * 1000))  # noqa
+            self._ring = Ring.connect(self.rank, self.addresses, tf_internals.set_job_key, lookup,
+                                      self.timeout, secret=job_secret(self.rank, lookup),
+                                      port=ring_port())
         return self._ring.all_reduce_sum(array, in_place=True)
+
+
+SECRET_ENV = "KDIST_JOB_SECRET"
+RING_PORT_ENV = "KDIST_RING_PORT"
+
+
+def job_secret(rank: int, lookup) -> bytes:
+    """The secret every member of the job's TCP ring proves: ``KDIST_JOB_SECRET`` (set by
+    `kdist launch`, by the rendered Kubernetes manifests from a Secret, or by hand), else one
+    that rank 0 draws and shares through TensorFlow's coordination service (which anyone who can
+    reach the job's gRPC port can read: set the variable where that matters)."""
+    import secrets
+
+    from kdist.keras_seam import tf_internals
+
+    given = os.environ.get(SECRET_ENV, "")
+    if given:
+        return given.encode()
+    key = "kdist/ring/secret"
+    if rank == 0:
+        tf_internals.set_job_key(key, secrets.token_hex(16))
+    return lookup(key).encode()
+
+
+def ring_port() -> int:
+    """The port this worker's ring listens on: ``KDIST_RING_PORT`` (Kubernetes: the gRPC port
+    plus one, which the NetworkPolicy admits), else any free one."""
+    from kdist import validators
+
+    text = os.environ.get(RING_PORT_ENV, "").strip()
+    if not text:
+        return 0
+    if not validators.is_digits(text) or not validators.port(int(text)):
+        raise validators.UsageError(f"{RING_PORT_ENV}={text!r}", "is not a port",
+                                    "use a port from 1 to 65535, or unset it (any free port)")
+    return int(text)
 
 
 _rings: dict = {}  # id(strategy) -> its _LazyRing

@@ -14,6 +14,16 @@ with ``kdist.scope(all_reduce="tcp")``; the rendezvous (each worker's listening 
 through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the step
 with an error naming it instead of a hang.
 
+Who may join: each worker listens on every interface, on `port` (``KDIST_RING_PORT`` on
+Kubernetes, where the NetworkPolicy admits it from the job's own pods) or an ephemeral one, only
+until its predecessor has joined; the listener is closed then. A connection joins only by proving
+the job's secret: the listener sends a fresh 16-byte nonce and expects
+HMAC-SHA256(secret, nonce, ring, rank) back (`hmac`, `secrets`). A stranger that cannot prove it
+is refused and the listener waits on for the real predecessor (training goes on); a worker whose
+secret differs is refused and fails, naming the cause. The secret is ``KDIST_JOB_SECRET`` (set by
+`kdist launch` for each job, by the rendered Kubernetes manifests from a Secret), else one the
+first worker draws and shares through TensorFlow's coordination service (`kdist.exchange.comm`).
+
 >>> import numpy as np
 >>> [len(c) for c in chunks(np.zeros(10, "float32"), 3)]
 [4, 3, 3]
@@ -21,8 +31,12 @@ with an error naming it instead of a hang.
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import itertools
+import logging
 import queue
+import secrets
 import socket
 import struct
 import threading
@@ -32,6 +46,9 @@ import numpy as np
 
 _rings = itertools.count()  # every worker builds its rings in the same order: the same keys
 BUFFER_BYTES = 4 << 20
+NONCE_BYTES, PROOF_BYTES = 16, 32
+ACCEPTED, REFUSED = b"\x01", b"\x00"
+logger = logging.getLogger("kdist")
 
 
 class RingError(RuntimeError):
@@ -60,39 +77,48 @@ class Ring:
     # ------------------------------------------------------------------ rendezvous
     @classmethod
     def connect(cls, rank: int, addresses: list[str], publish, lookup, timeout: float,
-                generation: int | None = None) -> "Ring":
-        """Joins the ring of `len(addresses)` workers as `rank`: listens on this worker's host,
-        `publish(key, "host:port")`es the address, connects to the successor's
-        (`lookup(key)`, blocking) and accepts the predecessor's connection. `generation` tells
-        the rings of one job apart (default: this process's count of rings)."""
+                generation: int | None = None, secret: bytes = b"", port: int = 0) -> "Ring":
+        """Joins the ring of `len(addresses)` workers as `rank`: listens on this worker's host
+        (`port`, 0: any free one), `publish(key, "host:port")`es the address, connects to the
+        successor's (`lookup(key)`, blocking), proves `secret` to it, and accepts the
+        predecessor once it has proved the same secret. `generation` tells the rings of one job
+        apart (default: this process's count of rings)."""
         size = len(addresses)
         names = list(addresses)
         if size == 1:
             return cls(rank, size, None, None, names)
         generation = next(_rings) if generation is None else generation
         host = addresses[rank].rpartition(":")[0].strip("[]")
-        listener = socket.create_server(("", 0), family=socket.AF_INET6
-                                        if ":" in host else socket.AF_INET, backlog=1)
-        listener.settimeout(timeout)
+        listener = socket.create_server(("", port), family=socket.AF_INET6
+                                        if ":" in host else socket.AF_INET, backlog=4)
         publish(f"kdist/ring/{generation}/{rank}", f"{host}:{listener.getsockname()[1]}")
+        admitted: dict = {}  # the predecessor is admitted while this worker proves itself:
+        admitting = threading.Thread(  # each waits for the other's nonce or proof
+            target=lambda: admitted.update(_admitted(listener, secret, generation,
+                                                     (rank - 1) % size,
+                                                     names[(rank - 1) % size], timeout)),
+            name="kdist-ring-admit", daemon=True)
+        admitting.start()
         successor = (rank + 1) % size
-        target = lookup(f"kdist/ring/{generation}/{successor}")
-        to_next = _connect(target, timeout, names[successor])
-        to_next.sendall(struct.pack("!II", generation, rank))
+        to_next = None
         try:
-            from_previous, _ = listener.accept()
-        except OSError as err:
-            raise RingError(f"the ring's predecessor {names[(rank - 1) % size]} did not connect "
-                            f"within {timeout:g} s ({err}); check that every worker uses "
-                            "all_reduce='tcp' and that its port range is open") from None
-        finally:
-            listener.close()
-        _tune(from_previous).settimeout(timeout)
-        expected = struct.pack("!II", generation, (rank - 1) % size)
-        if _receive_exactly(from_previous, len(expected), names[(rank - 1) % size]) != expected:
-            raise RingError(f"{names[(rank - 1) % size]} joined another ring: every worker must "
-                            "build the same models in the same order")
-        return cls(rank, size, to_next, from_previous, names)
+            target = lookup(f"kdist/ring/{generation}/{successor}")
+            to_next = _connect(target, timeout, names[successor])
+            _prove(to_next, secret, generation, rank, names[successor], target)
+            admitting.join()
+            if "error" in admitted:
+                raise admitted["error"]
+        except BaseException:
+            if to_next is not None:
+                to_next.close()
+            listener.close()  # ends the admitting thread's wait too
+            admitting.join(timeout=5)
+            if "socket" in admitted:
+                admitted["socket"].close()
+            raise
+        listener.close()
+        _tune(admitted["socket"]).settimeout(timeout)
+        return cls(rank, size, to_next, admitted["socket"], names)
 
     # ------------------------------------------------------------------ the all-reduce
     def all_reduce_sum(self, array: np.ndarray, in_place: bool = False) -> np.ndarray:
@@ -146,6 +172,72 @@ class Ring:
         for sock in (self._next, self._previous):
             if sock is not None:
                 sock.close()
+
+
+def _proof(secret: bytes, nonce: bytes, generation: int, rank: int) -> bytes:
+    header = struct.pack("!II", generation, rank)
+    return hmac.new(secret, b"kdist-ring\x00" + nonce + header, hashlib.sha256).digest()
+
+
+def _prove(sock: socket.socket, secret: bytes, generation: int, rank: int, name: str,
+           address: str) -> None:
+    """Answers the successor's nonce with this worker's proof of the secret."""
+    nonce = _receive_exactly(sock, NONCE_BYTES, name)
+    sock.sendall(struct.pack("!II", generation, rank) + _proof(secret, nonce, generation, rank))
+    if _receive_exactly(sock, 1, name) != ACCEPTED:
+        raise RingError(f"{name} at {address} refused this worker's proof of the job secret: the "
+                        "workers do not share one secret. Fix: set the same KDIST_JOB_SECRET on "
+                        "every task of the job (or unset it on all of them)")
+
+
+def _admitted(*args) -> dict:
+    """`_admit`'s socket, or its error, for the thread that runs it."""
+    try:
+        return {"socket": _admit(*args)}
+    except (RingError, OSError) as error:
+        return {"error": error if isinstance(error, RingError) else RingError(
+            f"the ring's listener failed ({error})")}
+
+
+def _admit(listener: socket.socket, secret: bytes, generation: int, rank: int, name: str,
+           timeout: float) -> socket.socket:
+    """The predecessor's connection, once it has proved the secret; a connection that does not
+    (a stranger, another job) is refused and the listener waits on, until `timeout`."""
+    deadline = time.monotonic() + timeout
+    refused: list[str] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise RingError(f"the ring's predecessor {name} did not join within {timeout:g} s"
+                            + (f"; refused {len(refused)} connection(s) that did not prove the "
+                               f"job secret (from {', '.join(refused)}): a worker with another "
+                               "KDIST_JOB_SECRET, or a stranger" if refused else "")
+                            + ". Fix: check that every worker uses all_reduce='tcp' with the same "
+                            "KDIST_JOB_SECRET, and that its port range is open")
+        listener.settimeout(min(left, 0.5))
+        try:
+            sock, peer = listener.accept()
+        except socket.timeout:
+            continue  # the deadline, checked above
+        nonce = secrets.token_bytes(NONCE_BYTES)
+        expected = struct.pack("!II", generation, rank) + _proof(secret, nonce, generation, rank)
+        try:
+            sock.settimeout(min(5.0, max(left, 0.1)))
+            sock.sendall(nonce)
+            answer = _receive_exactly(sock, len(expected), f"a connection from {peer[0]}")
+        except (OSError, RingError):
+            answer = b""
+        if hmac.compare_digest(answer, expected):
+            sock.sendall(ACCEPTED)
+            return sock
+        refused.append(f"{peer[0]}:{peer[1]}")
+        logger.warning("kdist: the TCP ring refused a connection from %s:%s: it did not prove the "
+                       "job secret; waiting on for %s", peer[0], peer[1], name)
+        try:
+            sock.sendall(REFUSED)
+        except OSError:
+            pass
+        sock.close()
 
 
 def _bytes(chunk: np.ndarray) -> memoryview:

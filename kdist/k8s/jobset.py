@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from kdist.cluster.spec import ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
-from kdist.k8s import pod, restarts
+from kdist.k8s import pod, restarts, security
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -50,8 +50,9 @@ def _job_template(spec: KubernetesSpec, container: dict, pod_labels: dict, count
     if spec.restart_policy == "Never":  # Kubernetes allows a podFailurePolicy only with Never
         job["podFailurePolicy"] = restarts.pod_failure_policy(container["name"])
     pod_spec = {"restartPolicy": spec.restart_policy, "containers": [container]}
-    job["template"] = {"metadata": {"labels": pod_labels}, "spec": pod_spec} if pod_labels else \
+    template = {"metadata": {"labels": pod_labels}, "spec": pod_spec} if pod_labels else \
         {"spec": pod_spec}
+    job["template"] = security.harden(template, spec)
     return {"metadata": {"labels": job_labels}, "spec": job} if job_labels else {"spec": job}
 
 
@@ -100,7 +101,8 @@ def trainjob(spec: KubernetesSpec, command: list[str], image: str, namespace: st
     trainer = {"numNodes": workers, "image": image, "args": list(command),
                "env": [{"name": pod.ROLES_ENV,
                         "value": pod.encode_roles({pod.TRAINER_NODE: workers})},
-                       {"name": pod.PORT_ENV, "value": str(spec.port)}]}
+                       {"name": pod.PORT_ENV, "value": str(spec.port)},
+                       *security.ring_env(spec)]}
     if spec.resources.get("worker"):
         trainer["resourcesPerNode"] = spec.resources["worker"]
     train_job = {"apiVersion": TRAINER_API_VERSION, "kind": "TrainJob",

@@ -11,8 +11,10 @@ computes the whole cluster at render time and each pod derives its own TF_CONFIG
 `tfjob`: a Kubeflow TFJob (replica types Chief, Worker, PS, Evaluator, never Master; the container
 is named `tensorflow`; the operator writes TF_CONFIG).
 
-Each comes with a NetworkPolicy that admits the gRPC port only from the job's own pods: TensorFlow's
-runtime is unauthenticated. ps and worker pods finish when the chief does (`kdist.serve()`). With
+Each comes with a NetworkPolicy that admits the gRPC port (and kdist's TCP ring's, the next one)
+only from the job's own pods: TensorFlow's runtime is unauthenticated; and a Secret whose value
+every member of the TCP ring proves (`kdist.exchange.ring`). Every pod runs as the Pod Security Standards' `restricted` profile
+requires (`kdist.k8s.security`), unless the spec says its image must run as root. ps and worker pods finish when the chief does (`kdist.serve()`). With
 restart_policy Never, each Job's podFailurePolicy replaces evicted pods and pods that exited with
 75 (checkpoint saved on SIGTERM) without spending the backoffLimit, which counts real failures, and
 fails the Job at once on an exit no restart can fix (2: usage, 126/127: no program).
@@ -24,7 +26,7 @@ import json
 
 from kdist.cluster.spec import ClusterSpec, ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
-from kdist.k8s import jobset, pod, restarts
+from kdist.k8s import jobset, pod, restarts, security
 
 FORMATS = ("jobs", "tfjob", "jobset", "trainjob")
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -37,13 +39,30 @@ _PLACEHOLDERS = ("job", "role", "index", "namespace")
 
 
 def host(job: str, role: str, index: int, namespace: str, pattern: str = HOST_PATTERN) -> str:
-    """The host name of task `role:index` of `job` under `pattern` (default: Kubernetes DNS)."""
+    """The host name of task `role:index` of `job` under `pattern` (default: Kubernetes DNS):
+    its placeholders, plain, and nothing else (no attribute, index, conversion or format)."""
+    check_pattern(pattern)
+    return pattern.format(job=job, role=role, index=index, namespace=namespace)
+
+
+def check_pattern(pattern: str) -> set[str]:
+    """The placeholders of a --host-pattern; refuses anything but the documented ones, plain."""
+    import string
+
+    fix = "use only the placeholders " + ", ".join("{%s}" % p for p in _PLACEHOLDERS) + \
+        " (write {{ and }} for literal braces)"
     try:
-        return pattern.format(job=job, role=role, index=index, namespace=namespace)
-    except (KeyError, IndexError, ValueError) as err:
-        raise ClusterSpecError("--host-pattern", f"{pattern!r} cannot be filled in ({err!r})",
-                               "use only the placeholders " +
-                               ", ".join("{%s}" % p for p in _PLACEHOLDERS)) from None
+        fields = [(name, spec, conversion) for _, name, spec, conversion
+                  in string.Formatter().parse(pattern) if name is not None]
+    except ValueError as err:
+        raise ClusterSpecError("--host-pattern", f"{pattern!r}: {err}", fix) from None
+    for name, spec, conversion in fields:
+        if name not in _PLACEHOLDERS or spec or conversion:
+            shown = "{" + name + (f"!{conversion}" if conversion else "") + \
+                (f":{spec}" if spec else "") + "}"
+            raise ClusterSpecError("--host-pattern", f"{shown} in {pattern!r} is not a "
+                                   "placeholder", fix)
+    return {name for name, _, _ in fields}
 
 
 def kubernetes_cluster(spec: KubernetesSpec, namespace: str, host_pattern: str = HOST_PATTERN) -> ClusterSpec:
@@ -52,7 +71,7 @@ def kubernetes_cluster(spec: KubernetesSpec, namespace: str, host_pattern: str =
     The evaluator is not part of it: nobody connects to an evaluator, and TF accepts a TF_CONFIG
     whose task is ``evaluator:0`` with the training cluster (the TFJob operator does the same).
     """
-    if "{role}" not in host_pattern or "{index}" not in host_pattern:
+    if not {"role", "index"} <= check_pattern(host_pattern):
         raise ClusterSpecError("--host-pattern", f"{host_pattern!r} lacks {{role}} or {{index}}, so "
                                "tasks would share a host name",
                                "include both, e.g. '{job}-{role}-{index}.example.org'")
@@ -88,12 +107,14 @@ def render(spec: KubernetesSpec, command: list[str], namespace: str = "default",
     else:  # the TrainJob's pods carry JobSet's labels, not kdist's (the runtime is shared)
         documents = jobset.trainjob(spec, command, image, namespace)
         labels = {"jobset.sigs.k8s.io/jobset-name": spec.name}
-    return documents + [_network_policy(spec, namespace, labels)]
+    return [security.secret(spec, namespace), *documents, _network_policy(spec, namespace, labels)]
 
 
 def _container(spec, role, image, command, env):
     container = {"name": "tensorflow", "image": image, "command": command,
-                 "ports": [{"name": "grpc", "containerPort": spec.port}], "env": env,
+                 "ports": [{"name": "grpc", "containerPort": spec.port},
+                           {"name": "ring", "containerPort": spec.port + 1}],
+                 "env": [*env, *security.ring_env(spec)],
                  # a task's failure record (kdist.failure), else the end of its log
                  "terminationMessagePolicy": "FallbackToLogsOnError"}
     resources = spec.resources.get(role)
@@ -113,10 +134,11 @@ def _jobs(spec, cluster, command, image, namespace):
     for role, count in spec.roles.items():
         env = [{"name": pod.CLUSTER_ENV, "value": cluster_json},
                {"name": pod.ROLE_ENV, "value": role}]
-        template = {"metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
-               "spec": {"subdomain": name, "restartPolicy": spec.restart_policy,
-                        "containers": [_container(spec, role, image,
-                                                  ["kdist", "exec", "--", *command], env)]}}
+        template = security.harden({
+            "metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
+            "spec": {"subdomain": name, "restartPolicy": spec.restart_policy,
+                     "containers": [_container(spec, role, image,
+                                               ["kdist", "exec", "--", *command], env)]}}, spec)
         job_spec = {"completionMode": "Indexed", "completions": count, "parallelism": count,
                     "backoffLimit": spec.backoff_limit, "template": template}
         if spec.restart_policy == "Never":  # Kubernetes allows the policy only with Never
@@ -134,8 +156,9 @@ def _tfjob(spec, command, image, namespace):
     for role, count in spec.roles.items():
         replicas[TFJOB_TYPES[role]] = {
             "replicas": count, "restartPolicy": spec.restart_policy,
-            "template": {"metadata": {"labels": {LABEL: name}},
-                         "spec": {"containers": [_container(spec, role, image, command, [])]}}}
+            "template": security.harden({
+                "metadata": {"labels": {LABEL: name}},
+                "spec": {"containers": [_container(spec, role, image, command, [])]}}, spec)}
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
             "metadata": {"name": name, "namespace": namespace, "labels": {LABEL: name}},
             "spec": {"runPolicy": {"backoffLimit": spec.backoff_limit},
@@ -147,7 +170,8 @@ def _network_policy(spec, namespace, labels):
             "metadata": {"name": f"{spec.name}-grpc", "namespace": namespace},
             "spec": {"podSelector": {"matchLabels": labels}, "policyTypes": ["Ingress"],
                      "ingress": [{"from": [{"podSelector": {"matchLabels": labels}}],
-                                  "ports": [{"protocol": "TCP", "port": spec.port}]}]}}
+                                  "ports": [{"protocol": "TCP", "port": spec.port},
+                                            {"protocol": "TCP", "port": spec.port + 1}]}]}}
 
 
 def to_yaml(documents: list[dict]) -> str:

@@ -35,24 +35,38 @@ class Pod:
     """One pod of a rendered Indexed Job or JobSet: its task, DNS name, command and environment,
     with what the Job and JobSet controllers would set (the completion index, JobSet's labels)."""
 
-    def __init__(self, template: dict, index: int, host: str, role: str, fields: dict[str, str]):
+    def __init__(self, template: dict, index: int, host: str, role: str, fields: dict[str, str],
+                 secrets: dict[tuple[str, str], str]):
         container = template["spec"]["containers"][0]
         self.role, self.index, self.host = role, index, host
         self.command = list(container["command"])
-        self.env = {e["name"]: e["value"] if "value" in e else
-                    fields[e["valueFrom"]["fieldRef"]["fieldPath"]] for e in container["env"]}
+        self.env = {e["name"]: _value(e, fields, secrets) for e in container["env"]}
         self.env[pod.INDEX_ENV] = str(index)
+
+
+def _value(env: dict, fields: dict[str, str], secrets: dict[tuple[str, str], str]) -> str:
+    """An environment variable's value: given, from the downward API or from a Secret."""
+    if "value" in env:
+        return env["value"]
+    source = env["valueFrom"]
+    if "fieldRef" in source:
+        return fields[source["fieldRef"]["fieldPath"]]
+    ref = source["secretKeyRef"]
+    return secrets[(ref["name"], ref["key"])]
 
 
 def pods(documents: list[dict], namespace: str) -> list[Pod]:
     """Every pod the Indexed Jobs or the JobSet among `documents` would create."""
+    secrets = {(d["metadata"]["name"], key): value for d in documents if d["kind"] == "Secret"
+               for key, value in d["stringData"].items()}
     found = []
     for document in documents:
         if document["kind"] == "Job":
             template = document["spec"]["template"]
             role = template["metadata"]["labels"]["kdist.dev/role"]
             job = document["metadata"]["labels"][render.LABEL]
-            found += [Pod(template, i, render.host(job, role, i, namespace), role, {})
+            found += [Pod(template, i, render.host(job, role, i, namespace), role, {},
+                          secrets)
                       for i in range(document["spec"]["completions"])]
         elif document["kind"] == "JobSet":
             name = document["metadata"]["name"]
@@ -61,7 +75,7 @@ def pods(documents: list[dict], namespace: str) -> list[Pod]:
                 fields = _jobset_fields(name, replicated["name"], namespace)
                 found += [Pod(job["template"], i, pod.jobset_host(name, replicated["name"], i,
                                                                   namespace),
-                              pod.tf_role(replicated["name"]), fields)
+                              pod.tf_role(replicated["name"]), fields, secrets)
                           for i in range(job["completions"])]
     return found
 
@@ -101,5 +115,6 @@ def simulate(spec: KubernetesSpec, command: list[str], namespace: str = "default
 
         launcher = Launcher(ClusterSpec(roles, source=spec.path), None, timeout=timeout,
                             output=output, task_command=pod_command,
-                            address_policy=lambda cluster: None)  # every pod is an emulated host
+                            address_policy=lambda cluster: None,  # every pod is an emulated host
+                            network="host")  # each pod enters its own host's namespace
         return launcher.run()

@@ -31,6 +31,11 @@ its backup; `kdist.callbacks.BackupAndRestore` carries the position over to the 
 Each smaller restart counts against `max_restarts`; when none is left the job fails with the task's
 exit code, as without `min_workers`.
 
+By default the tasks run in a private network namespace (`kdist.launch.private_network`): they
+reach each other on 127.0.0.1 and no other host reaches their unauthenticated TensorFlow ports;
+``network="host"`` shares this machine's network, and where no namespace can be made the launch
+warns and goes on (``network="private"`` makes that an error).
+
 Before any task starts, the program is looked up: a missing one fails with 127 and one that is not
 executable with 126 (the shell's codes), and no process is left behind.
 
@@ -59,7 +64,9 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import os
+import secrets
 import shutil
 import signal
 import sys
@@ -69,12 +76,14 @@ from typing import IO, Callable, Sequence
 
 from kdist import exit_codes, validators
 from kdist.cluster.spec import ClusterSpec
+from kdist.launch import private_network
 from kdist.launch import summary as summaries
 from kdist.launch.group import TaskGroup, TaskRun
 from kdist.validators import UsageError
 
 LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
 RESTART_ENV = "KDIST_RESTART_COUNT"
+SECRET_ENV = "KDIST_JOB_SECRET"  # kdist.exchange.comm.SECRET_ENV (no TensorFlow import here)
 WORLD_SIZE_CHANGE_ENV = "KDIST_WORLD_SIZE_CHANGE"
 
 
@@ -166,8 +175,10 @@ class Launcher:
                  max_restarts: int = 0, min_workers: int | None = None,
                  task_command: Callable[[str, int], tuple[list[str], dict]] | None = None,
                  address_policy: Callable[[ClusterSpec], None] = require_loopback,
-                 log_dir: str | None = None, summary: str | None = None, tf_logs: bool = False):
+                 log_dir: str | None = None, summary: str | None = None, tf_logs: bool = False,
+                 network: str | None = None):
         validators.non_negative_int(max_restarts, "--max-restarts")
+        private_network.check_mode(network)
         if timeout is not None:
             validators.positive_number(timeout, "--timeout")
         validators.non_negative_number(grace, "--grace")
@@ -189,7 +200,11 @@ class Launcher:
         self._failed_before: str | None = None  # the task that failed the previous attempt
         self.output = output or sys.stdout
         self.env = dict(os.environ if env is None else env)
+        # the job's secret (kdist's TCP ring proves it, kdist.exchange.ring), drawn per launch
+        self.env.setdefault(SECRET_ENV, secrets.token_hex(16))
         self.log_dir, self.tf_logs = log_dir, tf_logs
+        self.network_mode = network
+        self.network: private_network.PrivateNetwork | None = None
         self.summary_path = summary or (os.path.join(log_dir, "summary.json") if log_dir else None)
         self.state = State.RUNNING
         self.outcome: Outcome | None = None
@@ -213,6 +228,7 @@ class Launcher:
         try:
             if self.log_dir:
                 os.makedirs(self.log_dir, exist_ok=True)
+            self._enter_network()
             while True:
                 self._start_all()
                 self.outcome = self._supervise(deadline)
@@ -224,6 +240,8 @@ class Launcher:
             if self.group is not None:
                 self._close_group()
                 self._report_summary(launched_at, summaries.oom_kills() - oom_before)
+            if self.network is not None:
+                self.network.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 
@@ -343,6 +361,22 @@ class Launcher:
         return self.spec.has_ps and task.task_type == "worker"
 
     # ------------------------------------------------------------------ processes
+    def _enter_network(self) -> None:
+        """The tasks' network: a private namespace unless `network` is "host"; when none can be
+        made, an error if "private" was asked for, else a warning naming the exposure."""
+        if self.network_mode == "host":
+            return
+        network = private_network.PrivateNetwork()
+        try:
+            self.network = network.__enter__()
+        except private_network.Unavailable as err:
+            if self.network_mode == "private":
+                raise UsageError("--network", f"private: {err}",
+                                 "run where network namespaces are allowed, or pass --network "
+                                 "host (the tasks' ports are then reachable from other hosts)")
+            self.log(private_network.exposure_warning(
+                [self.spec.address(*task) for task in self.spec.tasks()], str(err)))
+
     def _start_all(self) -> None:
         self.group = TaskGroup(self.output, self._lock, self.log_dir, self.tf_logs,
                                self.stop_timeout)
@@ -354,6 +388,8 @@ class Launcher:
             change = self._world_size_change()
             if change:
                 env[WORLD_SIZE_CHANGE_ENV] = change
+            if self.network is not None:
+                argv = self.network.exec_prefix() + list(argv)
             tasks.append((task_type, index, argv, env))
         if self.log_dir:  # one header per attempt in each task's log
             for task_type, index, _, _ in tasks:
@@ -363,7 +399,9 @@ class Launcher:
         self.group.start(tasks, on_error=check_program)
         self.log(f"started {len(self.tasks)} task(s): "
                  + ", ".join(f"{t.name}={self.spec.address(t.task_type, t.index)}"
-                             for t in self.tasks))
+                             for t in self.tasks)
+                 + (" on a private network (only they reach each other)"
+                    if self.network is not None else ""))
 
     def _close_group(self) -> None:
         """Stops what still runs of this attempt (recording why) and waits for its output."""
@@ -390,9 +428,13 @@ class Launcher:
         first = min(failed, key=lambda e: e.at if e.at is not None else float("inf"),
                     default=None)
         outcome = self.outcome or Outcome(self.state, exit_codes.OK)
+        hint = None
+        if first is not None and self.network is not None:
+            hint = private_network.offline_hint(
+                [json.dumps(first.failure or {}), *first.last_lines])
         return summaries.Summary(outcome.state.value, outcome.exit_code, launched_at,
                                  time.monotonic() - self._launched, self.restarts, first, ends,
-                                 list(self._earlier), oom_kills)
+                                 list(self._earlier), oom_kills, hint)
 
     def _task(self, task_type: str, index) -> TaskRun:
         return next(t for t in self.tasks if (t.task_type, t.index) == (task_type, int(index)))

@@ -91,6 +91,7 @@ class Summary:
     tasks: list[TaskEnd]
     earlier: list[str]  # one line per restarted attempt
     oom_kills: int = 0
+    hint: str | None = None  # what the first failure's text suggests (see Launcher._hint)
 
     def lines(self) -> list[str]:
         out = [f"summary: {self.state} with exit code {self.exit_code} after "
@@ -104,6 +105,8 @@ class Summary:
             if first.last_lines:
                 out.append(f"  its last lines{f' (all in {first.log})' if first.log else ''}:")
                 out += [f"    | {line}" for line in first.last_lines[-10:]]
+        if self.hint:
+            out.append(f"  hint: {self.hint}")
         for task in self.tasks:
             if task is first:
                 continue
@@ -125,7 +128,7 @@ class Summary:
                 "duration_s": round(self.duration, 3), "restarts": self.restarts,
                 "earlier_attempts": self.earlier,
                 "first_failure": None if self.first_failure is None else task(self.first_failure),
-                "tasks": [task(t) for t in self.tasks]}
+                "hint": self.hint, "tasks": [task(t) for t in self.tasks]}
 
     def save(self, path: str) -> None:
         safe_files.write_text(path, json.dumps(self.as_json(), indent=1) + "\n")
