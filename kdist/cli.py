@@ -4,8 +4,10 @@
     kdist launch --workers 2 --max-restarts 3 -- python train.py    (restart the group on failure)
     kdist launch --workers 4 --max-restarts 3 --min-workers 2 -- python train.py   (drop lost hosts)
     kdist launch --spec cluster_specs/local-2-workers.json -- python train.py
+    kdist launch --spec two-machines.json -- python train.py     (on each machine of the spec)
     kdist validate cluster_specs/local-ps.json
     kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
+    kdist tf-config --spec two-machines.json --task worker:1     (a spec with fixed addresses)
     kdist tf-config --spec cluster_specs/k8s-ps.yaml --task ps:0 --host-pattern "{role}{index}.lab"
     kdist k8s render --spec cluster_specs/k8s-mwms.yaml --image REGISTRY/train:1 -- python train.py
     kdist k8s simulate --spec cluster_specs/k8s-mwms.yaml -- python train.py   (root: pods as hosts)
@@ -28,14 +30,40 @@ from kdist.cluster.spec import MAX_LOCAL_TASKS, ClusterSpec, ClusterSpecError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors in kdist's one-line form and exit code 2."""
+    """argparse, with its errors after the command's usage, in kdist's one-line form, exit code 2."""
 
     def error(self, message):
         flag, sep, problem = message.removeprefix("argument ").partition(": ")
         if not message.startswith("argument ") or not sep:
             flag, problem = self.prog, message
-        sys.stderr.write(f"kdist: error: {flag}: {problem}. Fix: see '{self.prog} --help'\n")
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"kdist: error: {flag}: {problem}{self._did_you_mean(problem)}. "
+                         f"Fix: see '{self.prog} --help'\n")
         sys.exit(exit_codes.USAGE)
+
+    def _did_you_mean(self, problem: str) -> str:
+        """`; did you mean --workers?` for a misspelt option or subcommand."""
+        import difflib
+
+        words = re.findall(r"'([^']+)'|(--?[\w-]+)", problem.partition("(choose from")[0])
+        known = [o for action in self._actions for o in action.option_strings] + [
+            c for action in self._actions for c in (getattr(action, "choices", None) or ())
+            if isinstance(c, str)]
+        for word in (w for pair in words for w in pair if w):
+            close = difflib.get_close_matches(word, known, n=1, cutoff=0.7)
+            if close and close[0] != word:
+                return f" (did you mean {close[0]}?)"
+        return ""
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        kdist_version = metadata.version("kdist")
+    except metadata.PackageNotFoundError:
+        kdist_version = "(not installed)"
+    return f"kdist {kdist_version} (Python {sys.version.split()[0]})"
 
 
 def _number(kind, minimum: float, inclusive: bool, what: str):
@@ -68,14 +96,20 @@ def _namespace(text: str) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="kdist", description=__doc__.split("\n")[0])
-    commands = parser.add_subparsers(dest="verb", required=True, parser_class=_Parser)
+    parser = _Parser(prog="kdist", description=__doc__.split("\n")[0],
+                     epilog="examples:\n" + __doc__.split("\n\n")[1].rstrip(),
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=_version())
+    commands = parser.add_subparsers(dest="verb", metavar="COMMAND", required=True,
+                                     parser_class=_Parser)
 
     launch = commands.add_parser(
-        "launch", help="run a command as every task of a local cluster on 127.0.0.1",
+        "launch", help="run a command as every task of a cluster: a local one on 127.0.0.1, or "
+                       "this machine's tasks of a multi-host --spec",
         description="Runs COMMAND once per task with its own TF_CONFIG. Exit code: 0 when the "
                     "chief (or worker 0) succeeds, else the first failing task's code; 124 on "
-                    "--timeout; 128+N on signal N.")
+                    "--timeout; 128+N on signal N. With a --spec whose addresses are on several "
+                    "machines, run the same command on each machine: each starts its own tasks.")
     launch.add_argument("--workers", type=_count, default=None,
                         help="number of worker tasks (default 2 when no --spec)")
     launch.add_argument("--chief", action="store_true", help="add a chief task")
@@ -83,6 +117,9 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("--evaluator", action="store_true", help="add an evaluator task")
     launch.add_argument("--spec", help="cluster-spec file (cluster_specs/*.json|yaml) instead of "
                                        "--workers/--chief/--ps/--evaluator")
+    launch.add_argument("--host", default=None,
+                        help="with a multi-host --spec: this machine's host as the spec names it "
+                             "(default: the hosts that are this machine's addresses)")
     launch.add_argument("--timeout", type=_seconds, default=None,
                         help="stop every task after this many seconds (exit code 124)")
     launch.add_argument("--grace", type=_grace_seconds, default=30.0,
@@ -117,14 +154,15 @@ def _parser() -> argparse.ArgumentParser:
     launch.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
 
     validate = commands.add_parser("validate", help="check a cluster-spec file")
-    validate.add_argument("spec")
+    validate.add_argument("spec", help="cluster-spec file (.json, .yaml)")
 
     tf_config = commands.add_parser(
-        "tf-config", help="print the TF_CONFIG of one task of a spec as deployed on Kubernetes "
-                          "(or on hosts named by --host-pattern)")
-    tf_config.add_argument("--spec", required=True)
+        "tf-config", help="print the TF_CONFIG of one task of a spec: its fixed addresses, or "
+                          "as deployed on Kubernetes (or on hosts named by --host-pattern)")
+    tf_config.add_argument("--spec", required=True, help="cluster-spec file")
     tf_config.add_argument("--task", required=True, help="TYPE:INDEX, e.g. worker:1")
-    tf_config.add_argument("--namespace", type=_namespace, default="default")
+    tf_config.add_argument("--namespace", type=_namespace, default=None,
+                           help="the Kubernetes namespace of a roles spec (default: default)")
     tf_config.add_argument("--host-pattern", default=None,
                            help="host name of each task, with {job} (the spec's name), {role}, "
                                 "{index} and {namespace}; default: the Kubernetes pod DNS name "
@@ -133,9 +171,10 @@ def _parser() -> argparse.ArgumentParser:
     k8s = commands.add_parser("k8s", help="Kubernetes manifests")
     k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True, parser_class=_Parser)
     render = k8s_commands.add_parser("render", help="write the manifests of a spec")
-    render.add_argument("--spec", required=True)
+    render.add_argument("--spec", required=True, help="roles-form cluster-spec file")
     render.add_argument("--image", help="container image (default: the spec's image)")
-    render.add_argument("--namespace", type=_namespace, default="default")
+    render.add_argument("--namespace", type=_namespace, default="default",
+                        help="Kubernetes namespace of the job (default: default)")
     render.add_argument("--format", default="jobs", choices=["jobs", "tfjob", "jobset", "trainjob"],
                         help="jobs: Indexed Jobs + headless Service (no operator); tfjob: Kubeflow "
                              "TFJob; jobset: a JobSet; trainjob: a Kubeflow Trainer v2 TrainJob "
@@ -147,8 +186,9 @@ def _parser() -> argparse.ArgumentParser:
     simulate = k8s_commands.add_parser(
         "simulate", help="run the pods of the rendered Indexed Jobs here, each in its own network "
                          "namespace resolving the Service DNS names (root, iproute2)")
-    simulate.add_argument("--spec", required=True)
-    simulate.add_argument("--namespace", type=_namespace, default="default")
+    simulate.add_argument("--spec", required=True, help="roles-form cluster-spec file")
+    simulate.add_argument("--namespace", type=_namespace, default="default",
+                          help="Kubernetes namespace the pods' DNS names use (default: default)")
     simulate.add_argument("--format", default="jobs", choices=["jobs", "jobset"],
                           help="rehearse the Indexed Jobs or the JobSet (its pods' DNS names)")
     simulate.add_argument("--timeout", type=_seconds, default=None,
@@ -157,13 +197,18 @@ def _parser() -> argparse.ArgumentParser:
                           help="-- program and arguments (default: the spec's command)")
 
     plan = commands.add_parser(
-        "plan", help="predict step time, throughput and scaling efficiency from t1 (measured "
-                     "here) and t2 (gradient bytes over the network); recommend a batch size")
+        "plan", help="predict step time, throughput and scaling efficiency from t1 (compute, "
+                     "measured here) and t2 (communication: gradient bytes over the network); "
+                     "recommend a batch size")
     plan.add_argument("--model", required=True,
                       help="module:function or file.py:function returning a Keras model")
-    plan.add_argument("--per-replica-batch", type=_positive_count, required=True)
-    plan.add_argument("--replicas", type=_positive_count, required=True)
-    plan.add_argument("--bandwidth", required=True, help="link speed per worker, e.g. 1Gbit")
+    plan.add_argument("--per-replica-batch", type=_positive_count, required=True,
+                      help="the batch per replica you train with now (the plan measures from a "
+                           "few below it to a few above)")
+    plan.add_argument("--replicas", type=_positive_count, required=True,
+                      help="replicas in the cluster you plan for (workers x devices per worker)")
+    plan.add_argument("--bandwidth", required=True, help="link speed per worker: 1Gbit, 1Gbps, 10Gb/s, 10G (bits) or "
+                                            "125MB/s (bytes)")
     plan.add_argument("--latency", default="0us", help="per-message latency, e.g. 50us")
     plan.add_argument("--compression", default="none",
                       help="none, fp16, bf16, powersgd:RANK or topk:RATIO")
@@ -177,7 +222,11 @@ def _parser() -> argparse.ArgumentParser:
                            "loopback (~15 s); a number in ns per byte; 0 for an ideal host")
     plan.add_argument("--base-batch", type=_positive_count, default=None,
                       help="the batch your learning rate was tuned at (default: --per-replica-batch)")
+    plan.add_argument("--max-global-batch", type=_positive_count, default=None,
+                      help="the largest global batch your model still converges at (the "
+                           "recommendation stays at or below it)")
     plan.add_argument("--plot", help="write a PNG of t1, t2 and step time against the batch")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
     commands.add_parser("doctor", help="print the TensorFlow/Keras versions, whether kdist "
                                        "supports them, and the workarounds it installs")
@@ -205,10 +254,10 @@ def _parser() -> argparse.ArgumentParser:
     make.add_argument("--piece-mib", type=_number(float, 0, False, "a positive number of MiB"),
                       default=60.0, help="largest piece, in MiB (default 60)")
     verify = bundle_commands.add_parser("verify", help="check every piece against the manifest")
-    verify.add_argument("bundle")
+    verify.add_argument("bundle", help="the bundle's directory (from kdist bundle make)")
     install = bundle_commands.add_parser(
         "install", help="verify, unpack and pip install --no-index into a target directory")
-    install.add_argument("bundle")
+    install.add_argument("bundle", help="the bundle's directory (from kdist bundle make)")
     install.add_argument("--target", required=True, help="directory to install into "
                                                          "(then PYTHONPATH=TARGET)")
     install.add_argument("--requirement", action="append", default=None,
@@ -216,7 +265,7 @@ def _parser() -> argparse.ArgumentParser:
 
     exec_ = commands.add_parser("exec", help="in a pod rendered by kdist: set TF_CONFIG from what "
                                              "the Job or JobSet gives the pod, then run the command")
-    exec_.add_argument("command", nargs=argparse.REMAINDER)
+    exec_.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
     return parser
 
 
@@ -289,6 +338,8 @@ def _launch_spec(args) -> ClusterSpec:
 
 
 def _plan(args) -> int:
+    import json
+
     from kdist import planner
 
     _output_file(args.plot, "--plot")
@@ -296,22 +347,34 @@ def _plan(args) -> int:
     compressor = planner.parse_compression(args.compression)
     host_cost = planner.parse_host_cost(args.host_cost)
     model_fn = planner.load_model_function(args.model)
+
+    def progress(message: str) -> None:
+        print(f"kdist plan: {message}", file=sys.stderr, flush=True)
+
     if host_cost is None:
+        progress("measuring the host cost of an all-reduce: 2 workers on the loopback (~15 s)")
         host_cost = planner.measure_host_cost(planner.gradient_bytes(model_fn()))
     result = planner.plan(model_fn, args.per_replica_batch, args.replicas, bandwidth, latency,
-                          compressor, overlap=args.overlap, host_cost=host_cost)
+                          compressor, overlap=args.overlap, host_cost=host_cost,
+                          max_global_batch=args.max_global_batch, progress=progress)
+    base_batch = args.base_batch or args.per_replica_batch
+    if args.plot:
+        planner.plot(result, args.plot)
+    if args.json:
+        print(json.dumps(dict(result.as_dict(base_batch), step_model="max(t1, t2)" if args.overlap
+                              else "t1 + t2", bandwidth_bits=bandwidth, latency_s=latency,
+                              host_cost_s_per_byte=host_cost, compression=args.compression,
+                              plot=args.plot), indent=1))
+        return 0
     print(f"step = {'max(t1, t2)' if args.overlap else 't1 + t2'}; bandwidth {args.bandwidth}, "
           f"latency {args.latency}, host cost {host_cost * 1e9:.2f} ns/byte, compression "
           f"{args.compression}")
     print(result.table())
-    if result.recommended is None:
-        print("no measured batch makes t1 >= t2: communication dominates; use compression, a "
-              "faster network or fewer replicas")
-    else:
-        print(f"recommended: per-replica batch {result.recommended.per_replica_batch} (smallest "
-              f"with t1 >= t2); {result.learning_rate_advice(args.base_batch or args.per_replica_batch)}")
+    for warning in result.warnings():
+        print(f"warning: {warning}")
+    print(f"recommended: {result.reason()}")
+    print(result.learning_rate_advice(base_batch))
     if args.plot:
-        planner.plot(result, args.plot)
         print(f"plot: {args.plot}")
     return 0
 
@@ -325,11 +388,27 @@ def _validate(args) -> int:
 
 
 def _tf_config(args) -> int:
-    from kdist.cluster.spec_file import read_k8s_spec
+    from kdist.cluster.spec_file import load_spec, read_k8s_spec, read_spec
     from kdist.k8s import render
 
-    spec = read_k8s_spec(args.spec)
-    cluster = render.kubernetes_cluster(spec, args.namespace, args.host_pattern or render.HOST_PATTERN)
+    data = read_spec(args.spec)
+    if "cluster" in data:  # fixed addresses: each machine's TF_CONFIG, as the spec names them
+        for flag, value in (("--namespace", args.namespace), ("--host-pattern", args.host_pattern)):
+            if value is not None:
+                raise ClusterSpecError(flag, f"{args.spec} gives fixed addresses, which already "
+                                       "name each task's host", f"drop {flag}, or describe the "
+                                       'job with "roles" to render Kubernetes or pattern names')
+        cluster = load_spec(args.spec)
+    else:
+        if "host" in data and args.host_pattern is None:
+            raise ClusterSpecError(f"{args.spec}.host", "puts every task on one machine, on ports "
+                                   "picked when kdist launch starts them, so no TF_CONFIG can be "
+                                   "printed ahead", 'write the addresses under "cluster" (e.g. '
+                                   '{"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}}), '
+                                   "or pass --host-pattern")
+        spec = read_k8s_spec(args.spec, local_host_allowed=True)
+        cluster = render.kubernetes_cluster(spec, args.namespace or "default",
+                                            args.host_pattern or render.HOST_PATTERN)
     print(cluster.tf_config_json(*_task(args.task)))
     return 0
 
@@ -376,7 +455,8 @@ def _launch(args) -> int:
     launcher = Launcher(_launch_spec(args), _after_dashes(args.command), timeout=args.timeout,
                         grace=args.grace, max_restarts=args.max_restarts,
                         min_workers=args.min_workers, log_dir=args.log_dir,
-                        summary=args.summary, tf_logs=args.tf_logs, network=args.network)
+                        summary=args.summary, tf_logs=args.tf_logs, network=args.network,
+                        host=args.host)
     return launcher.run()
 
 
@@ -454,13 +534,28 @@ _VERBS = {"doctor": _doctor, "validate": _validate, "tf-config": _tf_config, "k8
           "exec": _exec, "launch": _launch, "bundle": _bundle}
 
 
+def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The (sub)command's parser that parsed `args`: e.g. `kdist k8s render`'s."""
+    for dest in ("verb", "k8s_command", "bundle_command"):
+        name = getattr(args, dest, None)
+        subparsers = next((a for a in parser._actions
+                           if isinstance(a, argparse._SubParsersAction)), None)
+        if name is None or subparsers is None:
+            break
+        parser = subparsers.choices[name]
+    return parser
+
+
 def main(argv: list[str] | None = None) -> int:
     """Runs one `kdist` command; every user mistake becomes one `kdist: error:` line and exit 2
     (127/126 for a program that is missing or not executable)."""
     from kdist.bundle import BundleError
     from kdist.launch import ProgramError
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # answered by the subcommand that was given them, with its usage
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return _VERBS[args.verb](args)
     except ProgramError as err:

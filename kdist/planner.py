@@ -12,10 +12,14 @@ one synchronous step costs
                    benchmarks/planner_validation.py), or
     max(t1, t2)    with perfect overlap of computation and communication (``overlap=True``).
 
-Throughput is n b / step and scaling efficiency t1 / step. The recommendation is the smallest
-per-replica batch whose t1 covers t2 (so communication costs at most half the step, or nothing
-with overlap), with the linear learning-rate scaling (plus warm-up) that goes with the larger
-global batch.
+Throughput is n b / step and scaling efficiency t1 / step. The recommendation is the classic
+trade-off: a batch large enough that the step is not spent communicating (t1 >= t2) or on per-step
+overhead, and no larger than convergence needs. Concretely, the smallest measured per-replica batch
+whose throughput is within 10% of the best measured (`NEAR_BEST`), at most `max_global_batch`
+(the largest global batch your model still converges at, when you know it), with the linear
+learning-rate scaling (plus warm-up) that goes with its global batch. Each t1 is the best of several
+timings; their spread is reported, and a t1 that falls as the batch grows is named (noise, or a
+per-step cost that hides the compute).
 
     kdist plan --model examples/plan_model.py:mlp --per-replica-batch 64 \\
         --replicas 8 --bandwidth 1Gbit --latency 50us --compression powersgd:4
@@ -33,25 +37,31 @@ import time
 
 from kdist.validators import UsageError
 
-_BITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
+_PREFIXES = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
+NEAR_BEST = 0.9  # a recommended batch's throughput is at least this share of the best measured
 _SECONDS = {"s": 1.0, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}
 _NUMBER = r"((?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)(?:[eE][+-]?[0-9]+)?)"  # ASCII digits only
 
 
 def parse_bandwidth(text: str) -> float:
-    """``"1Gbit"``, ``"100mbit"``, ``"10gbit/s"`` -> bits per second.
+    """A link speed -> bits per second: ``1Gbit``, ``1Gbps``, ``1 Gb/s``, ``10G`` (bits, as links
+    are sold), ``100Mbit/s``; ``125MB/s`` and ``1GBps`` are bytes (a capital B).
 
+    >>> parse_bandwidth("1Gbps") == parse_bandwidth("1 Gb/s") == parse_bandwidth("125MB/s") == 1e9
+    True
     >>> parse_bandwidth("1.2.3Gbit")
     Traceback (most recent call last):
     ...
-    kdist.validators.UsageError: --bandwidth: '1.2.3Gbit' is not a link speed. Fix: write a positive number and a unit, e.g. 100Mbit, 1Gbit, 10Gbit
+    kdist.validators.UsageError: --bandwidth: '1.2.3Gbit' is not a link speed. Fix: write a positive number and a unit, e.g. 100Mbit, 1Gbps, 10Gb/s, 125MB/s
     """
-    match = re.fullmatch(rf"\s*{_NUMBER}\s*([a-zA-Z]+?)(/s|ps)?\s*", text or "")
-    unit = match and match.group(2).lower()
-    value = float(match.group(1)) * _BITS[unit] if match and unit in _BITS else math.nan
+    match = re.fullmatch(rf"\s*{_NUMBER}\s*([kKmMgGtT]?)(bits?|b|B|[bB]ytes?)?(/s|ps)?\s*", text or "")
+    value = math.nan
+    if match and (match.group(2) or match.group(3)):
+        bits_per_unit = 8 if (match.group(3) or "b").startswith(("B", "byte")) else 1
+        value = float(match.group(1)) * _PREFIXES[match.group(2).lower()] * bits_per_unit
     if not (math.isfinite(value) and value > 0):
         raise UsageError("--bandwidth", f"{text!r} is not a link speed",
-                         "write a positive number and a unit, e.g. 100Mbit, 1Gbit, 10Gbit")
+                         "write a positive number and a unit, e.g. 100Mbit, 1Gbps, 10Gb/s, 125MB/s")
     return value
 
 
@@ -225,6 +235,12 @@ def _host_cost_task(payload: int, out: str, repeats: int = 20) -> None:
 def measure_compute_time(model_fn, per_replica_batch: int, steps: int = 8, repeats: int = 5) -> float:
     """t1: seconds of one training step of `model_fn()` on one replica of this machine (the best
     of `repeats` averages over `steps` steps, so that noise from other processes is left out)."""
+    return measure_compute(model_fn, per_replica_batch, steps, repeats)[0]
+
+
+def measure_compute(model_fn, per_replica_batch: int, steps: int = 8,
+                    repeats: int = 5) -> tuple[float, float]:
+    """(t1, spread): `measure_compute_time`'s best, and (slowest - best) / best of its repeats."""
     import keras
     import numpy as np
 
@@ -241,13 +257,13 @@ def measure_compute_time(model_fn, per_replica_batch: int, steps: int = 8, repea
     x, y = (x[0] if len(x) == 1 else x), (y[0] if len(y) == 1 else y)
     for _ in range(3):  # trace and warm up
         model.train_on_batch(x, y)
-    best = math.inf
+    timings = []
     for _ in range(repeats):
         started = time.perf_counter()
         for _ in range(steps):
             model.train_on_batch(x, y)
-        best = min(best, (time.perf_counter() - started) / steps)
-    return best
+        timings.append((time.perf_counter() - started) / steps)
+    return min(timings), (max(timings) - min(timings)) / min(timings)
 
 
 # ------------------------------------------------------------------------------- the plan
@@ -259,12 +275,14 @@ class Estimate:
     step: float
     throughput: float  # examples per second, all replicas
     efficiency: float  # t1 / step
+    spread: float = 0.0  # of t1's timings: (slowest - best) / best
 
 
 def estimate(per_replica_batch: int, t1: float, t2: float, replicas: int,
-             overlap: bool = False) -> Estimate:
+             overlap: bool = False, spread: float = 0.0) -> Estimate:
     step = max(t1, t2) if overlap else t1 + t2
-    return Estimate(per_replica_batch, t1, t2, step, replicas * per_replica_batch / step, t1 / step)
+    return Estimate(per_replica_batch, t1, t2, step, replicas * per_replica_batch / step,
+                    t1 / step, spread)
 
 
 @dataclasses.dataclass
@@ -275,12 +293,51 @@ class Plan:
     collective: str
     estimates: list[Estimate]  # one per measured per-replica batch, ascending
     requested: Estimate
-    recommended: Estimate | None  # smallest measured batch with t1 >= t2
+    recommended: Estimate  # see `recommend`
+    max_global_batch: int | None = None
+
+    @property
+    def best(self) -> Estimate:
+        """The measured batch with the highest throughput."""
+        return max(self.estimates, key=lambda e: e.throughput)
+
+    def reason(self) -> str:
+        """Why `recommended`, in one sentence."""
+        chosen, best = self.recommended, self.best
+        share = chosen.throughput / best.throughput
+        why = (f"per-replica batch {chosen.per_replica_batch} (global "
+               f"{self.replicas * chosen.per_replica_batch}): {chosen.throughput:,.0f} examples/s, "
+               f"{share:.0%} of the best measured ({best.throughput:,.0f} at "
+               f"{best.per_replica_batch})")
+        if chosen is best:
+            why += ", the fastest"
+        if self.max_global_batch and self.replicas * best.per_replica_batch > self.max_global_batch:
+            why += f"; the largest within --max-global-batch {self.max_global_batch}"
+        elif chosen is not best:
+            why += (f"; the smallest batch within {1 - NEAR_BEST:.0%} of it (a larger batch buys "
+                    "little speed and may need more epochs to converge)")
+        if chosen.t1 >= chosen.t2:
+            why += f"; compute covers communication there (t1 >= t2, efficiency {chosen.efficiency:.0%})"
+        else:
+            why += (f"; communication still dominates there (t2 {chosen.t2 * 1e3:.2f} ms > t1 "
+                    f"{chosen.t1 * 1e3:.2f} ms): compression, a faster network or fewer replicas "
+                    "would pay")
+        return why
+
+    def warnings(self) -> list[str]:
+        """Measurements to distrust: a t1 that falls as the batch grows (beyond the spread)."""
+        found = []
+        for smaller, larger in zip(self.estimates, self.estimates[1:]):
+            if larger.t1 * (1 + max(smaller.spread, larger.spread)) < smaller.t1:
+                found.append(f"t1 falls from {smaller.t1 * 1e3:.2f} ms at batch "
+                             f"{smaller.per_replica_batch} to {larger.t1 * 1e3:.2f} ms at "
+                             f"{larger.per_replica_batch}: the smaller batch's timing is noise or a "
+                             "per-step cost (re-run on an idle machine; trust the larger batches)")
+        return found
 
     def learning_rate_advice(self, base_batch: int) -> str:
         """The linear scaling rule from a learning rate tuned at batch `base_batch`."""
-        chosen = self.recommended or self.requested
-        global_batch = self.replicas * chosen.per_replica_batch
+        global_batch = self.replicas * self.recommended.per_replica_batch
         return (f"global batch {global_batch}: learning rate = the one tuned at batch {base_batch} "
                 f"x {global_batch / base_batch:g} (linear rule, kdist.scale_learning_rate), warmed "
                 "up over the first epoch (kdist.LinearWarmup)")
@@ -288,20 +345,46 @@ class Plan:
     def table(self) -> str:
         lines = [f"replicas {self.replicas}, gradients {self.gradient_bytes / 1e6:.2f} MB, on the "
                  f"wire {self.wire_bytes / 1e6:.3f} MB per worker ({self.collective})", "",
-                 "| per-replica batch | t1 (compute) | t2 (communicate) | step | examples/s "
-                 "| efficiency |", "|---|---|---|---|---|---|"]
+                 "| per-replica batch | t1 (compute) | t1 spread | t2 (communicate) | step "
+                 "| examples/s | efficiency |", "|---|---|---|---|---|---|---|"]
         for e in self.estimates:
             mark = (" (requested)" if e is self.requested else "") + \
                    (" (recommended)" if e is self.recommended else "")
-            lines.append(f"| {e.per_replica_batch}{mark} | {e.t1 * 1e3:.2f} ms | {e.t2 * 1e3:.2f} ms "
-                         f"| {e.step * 1e3:.2f} ms | {e.throughput:,.0f} | {e.efficiency:.0%} |")
+            lines.append(f"| {e.per_replica_batch}{mark} | {e.t1 * 1e3:.2f} ms | {e.spread:.0%} "
+                         f"| {e.t2 * 1e3:.2f} ms | {e.step * 1e3:.2f} ms | {e.throughput:,.0f} "
+                         f"| {e.efficiency:.0%} |")
         return "\n".join(lines)
+
+    def as_dict(self, base_batch: int) -> dict:
+        """The plan as JSON-ready data (`kdist plan --json`)."""
+        return {"replicas": self.replicas, "gradient_bytes": self.gradient_bytes,
+                "wire_bytes": self.wire_bytes, "collective": self.collective,
+                "estimates": [dataclasses.asdict(e) for e in self.estimates],
+                "requested": self.requested.per_replica_batch,
+                "recommended": self.recommended.per_replica_batch,
+                "best": self.best.per_replica_batch, "max_global_batch": self.max_global_batch,
+                "reason": self.reason(), "warnings": self.warnings(),
+                "learning_rate": self.learning_rate_advice(base_batch)}
+
+
+def recommend(estimates: list[Estimate], replicas: int,
+              max_global_batch: int | None = None) -> Estimate:
+    """The smallest batch whose throughput is within `NEAR_BEST` of the best measured, among
+    those whose global batch is at most `max_global_batch` (when none is, the smallest)."""
+    allowed = [e for e in estimates if not max_global_batch
+               or replicas * e.per_replica_batch <= max_global_batch] or estimates[:1]
+    best = max(e.throughput for e in allowed)
+    return next(e for e in allowed if e.throughput >= NEAR_BEST * best)
 
 
 def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, latency: float = 0.0,
          compressor=None, overlap: bool = False, host_cost: float = 0.0,
-         measure=measure_compute_time) -> Plan:
-    """Measures t1 for per-replica batches from per_replica_batch/8 to 8x and estimates each."""
+         measure=measure_compute, max_global_batch: int | None = None,
+         progress=lambda message: None) -> Plan:
+    """Measures t1 for per-replica batches from per_replica_batch/8 to 8x and estimates each.
+
+    `measure(model_fn, batch)` returns t1 or (t1, spread); `progress(message)` hears of each
+    measurement before it starts."""
     if per_replica_batch < 1 or replicas < 1:
         raise ValueError("--per-replica-batch and --replicas must be >= 1")
     model = model_fn()
@@ -309,11 +392,16 @@ def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, late
     t2 = sum(communication_time(payload, collective, replicas, bandwidth, latency, host_cost)
              for collective, payload in routed.items())
     batches = sorted({max(1, per_replica_batch * 2 ** k // 8) for k in range(7)})
-    estimates = [estimate(b, measure(model_fn, b), t2, replicas, overlap) for b in batches]
+    estimates = []
+    for i, batch in enumerate(batches):
+        progress(f"measuring t1 at per-replica batch {batch} ({i + 1}/{len(batches)})")
+        timing = measure(model_fn, batch)
+        t1, spread = timing if isinstance(timing, tuple) else (timing, 0.0)
+        estimates.append(estimate(batch, t1, t2, replicas, overlap, spread))
     requested = next(e for e in estimates if e.per_replica_batch == per_replica_batch)
-    recommended = next((e for e in estimates if e.t1 >= e.t2), None)
     return Plan(replicas, gradient_bytes(model), sum(routed.values()), " + ".join(sorted(routed)),
-                estimates, requested, recommended)
+                estimates, requested, recommend(estimates, replicas, max_global_batch),
+                max_global_batch)
 
 
 def plot(result: Plan, path: str) -> None:

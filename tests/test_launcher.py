@@ -8,10 +8,11 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import psutil
 import pytest
 
-from conftest import ROOT, run_kdist, scaled
+from conftest import ROOT, run_kdist, run_python, scaled
 
 TASK = os.path.join(ROOT, "tests", "programs", "task.py")
 
@@ -153,11 +154,29 @@ def test_bad_launch_arguments_exit_2_with_a_message(args, words):
     assert result.returncode == 2 and words in result.stderr
 
 
-def test_non_loopback_addresses_are_refused(tmp_path):
-    spec = tmp_path / "remote.json"
-    spec.write_text('{"cluster": {"worker": ["10.0.0.5:2222", "10.0.0.6:2222"]}}')
+def test_a_spec_with_no_task_on_this_machine_is_refused_naming_its_hosts(tmp_path):
+    spec = tmp_path / "remote.json"  # 192.0.2.0/24: documentation addresses, never this machine's
+    spec.write_text('{"cluster": {"worker": ["192.0.2.5:2222", "192.0.2.6:2222"]}}')
     result = run_kdist(["launch", "--spec", str(spec), "--", "true"], timeout=30)
-    assert result.returncode == 2 and "loopback (127.0.0.1) only" in result.stderr
+    assert result.returncode == 2, result.stderr
+    assert "none of the cluster's hosts is an address of this machine (hosts: 192.0.2.5, " \
+           "192.0.2.6)" in result.stderr and "--host" in result.stderr
+    result = run_kdist(["launch", "--spec", str(spec), "--host", "192.0.2.9", "--", "true"],
+                       timeout=30)
+    assert result.returncode == 2 and "no task of the cluster is on host '192.0.2.9'" in \
+        result.stderr
+
+
+def test_a_multi_host_spec_refuses_restarts_and_a_private_network(tmp_path):
+    spec = tmp_path / "two.json"
+    spec.write_text('{"cluster": {"worker": ["127.0.0.1:2222", "192.0.2.6:2222"]}}')
+    result = run_kdist(["launch", "--spec", str(spec), "--max-restarts", "1", "--", "true"],
+                       timeout=30)
+    assert result.returncode == 2 and "a restart needs every machine's tasks" in result.stderr
+    spec.write_text('{"cluster": {"worker": ["192.0.2.5:2222", "192.0.2.6:2222"]}}')
+    result = run_kdist(["launch", "--spec", str(spec), "--host", "192.0.2.5", "--network",
+                        "private", "--", "true"], timeout=30)
+    assert result.returncode == 2 and "a private network (a loopback only)" in result.stderr
 
 
 def test_launch_from_spec_file(tmp_path):
@@ -466,3 +485,50 @@ def test_tensorflow_startup_noise_and_progress_bars_read_cleanly_and_logs_keep_a
     kept = launch(tmp_path, ["--workers", "1"], "*=chatter", extra=["--tf-logs"])
     assert "I0000" in kept.stdout and "cuInit" in kept.stdout
 
+
+
+# ------------------------------------------------------------------ two machines, one spec (issue 46)
+def test_two_machines_train_from_one_spec_with_fixed_addresses(netns, tmp_path):
+    """The TF multi-worker tutorial's case without a scheduler: two emulated machines (network
+    namespaces with their own addresses), one spec naming both, `kdist launch --spec` run on each.
+    Each starts only its own worker; they train as one cluster, end with the same weights, and
+    match one device with the global batch."""
+    from kdist.k8s import netlab
+
+    program = os.path.join(ROOT, "tests", "programs", "two_machines_job.py")
+    one_device = run_python([program, str(tmp_path)], timeout=120)
+    assert one_device.returncode == 0, one_device.stderr[-3000:]
+    with netlab.Network(["machine-a.test", "machine-b.test"]) as lab:
+        spec = tmp_path / "two-machines.json"
+        spec.write_text(json.dumps({"cluster": {"worker": [
+            f"{lab.addresses['machine-a.test']}:2222", f"{lab.addresses['machine-b.test']}:2222"]}}))
+        launchers = {machine: subprocess.Popen(
+            lab.exec_prefix(machine) + [sys.executable, "-m", "kdist", "launch", "--spec",
+                                        str(spec), "--timeout", "150", "--", sys.executable,
+                                        program, str(tmp_path)],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            for machine in lab.hosts}
+        try:
+            outputs = {m: p.communicate(timeout=scaled(180))[0] for m, p in launchers.items()}
+        finally:
+            for process in launchers.values():
+                process.kill()
+                process.wait()
+    for machine, process in launchers.items():
+        assert process.returncode == 0, f"{machine}:\n{outputs[machine][-4000:]}"
+    a, b = outputs["machine-a.test"], outputs["machine-b.test"]
+    assert "started 1 task(s): worker-0=10.213.0.1:2222" in a and "[worker-0]" in a, a
+    assert "started 1 task(s): worker-1=10.213.0.2:2222" in b and "[worker-0]" not in b, b
+    assert "WARNING: the tasks' TensorFlow ports (10.213.0.1:2222) listen on this machine's " \
+           "network" in a
+    for output in (a, b):
+        assert re.search(r"\[kdist\] summary: succeeded with exit code 0 after [\d.]+ s", output)
+    reports = [json.loads((tmp_path / f"worker-{i}.json").read_text()) for i in (0, 1)]
+    assert [r["replicas"] for r in reports] == [2, 2]
+    assert reports[0]["loss"] == reports[1]["loss"]
+    reference = json.loads((tmp_path / "one-device.json").read_text())
+    np.testing.assert_allclose(reports[0]["loss"], reference["loss"], rtol=1e-5)
+    weights = [np.load(tmp_path / f"{name}.npz") for name in ("worker-0", "worker-1", "one-device")]
+    for key in weights[2].files:
+        np.testing.assert_array_equal(weights[0][key], weights[1][key])
+        np.testing.assert_allclose(weights[0][key], weights[2][key], rtol=1e-5, atol=1e-6)

@@ -148,7 +148,9 @@ def test_the_docs_have_runnable_snippets():
 @pytest.fixture(scope="module")
 def installed_wheel(tmp_path_factory):
     """kdist built as an sdist and a wheel, the wheel installed (not editable) into a fresh virtual
-    environment that borrows TensorFlow & co from this interpreter's site-packages."""
+    environment that borrows TensorFlow & co from the site-packages of the interpreter running the
+    suite (a venv's or the machine's): a path file lists them after the venv's own, and since a
+    listed folder's own path files are not read, an editable kdist there stays out of sight."""
     work = tmp_path_factory.mktemp("wheel")
     dist = work / "dist"
     build = subprocess.run([sys.executable, "-m", "build", "--sdist", "--wheel", "--no-isolation",
@@ -158,8 +160,15 @@ def installed_wheel(tmp_path_factory):
     wheel = next(p for p in dist.iterdir() if p.suffix == ".whl")
     assert any(p.name.endswith(".tar.gz") for p in dist.iterdir())
     env_dir = work / "venv"
-    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env_dir)
+    venv.EnvBuilder(with_pip=False).create(env_dir)
     python = str(env_dir / "bin" / "python")
+    site = subprocess.check_output([python, "-c", "import sysconfig; "
+                                    "print(sysconfig.get_paths()['purelib'])"], text=True).strip()
+    borrowed = [p for p in sys.path if os.path.basename(p) in ("site-packages", "dist-packages")
+                and os.path.isdir(p)]
+    assert borrowed, sys.path
+    with open(os.path.join(site, "borrowed_from_the_suite.pth"), "w") as f:
+        f.write("\n".join(borrowed) + "\n")
     install = subprocess.run([sys.executable, "-m", "pip", "--python", python, "install",
                               "--no-deps", "--no-index", str(wheel)],
                              capture_output=True, text=True, timeout=300, cwd=str(work))
@@ -167,9 +176,7 @@ def installed_wheel(tmp_path_factory):
     outside = work / "elsewhere"
     outside.mkdir()
     return {"python": python, "bin": str(env_dir / "bin"), "wheel": wheel, "cwd": str(outside),
-            "site": subprocess.check_output([python, "-c", "import sysconfig; "
-                                             "print(sysconfig.get_paths()['purelib'])"],
-                                            text=True).strip()}
+            "site": site}
 
 
 def run_installed(wheel_env, args, timeout):

@@ -134,12 +134,17 @@ class KubernetesSpec:
     run_as_root: bool = False
 
 
-def read_k8s_spec(path: str) -> KubernetesSpec:
-    """A roles-form spec with its Kubernetes fields checked and defaulted."""
+def read_k8s_spec(path: str, local_host_allowed: bool = False) -> KubernetesSpec:
+    """A roles-form spec with its Kubernetes fields checked and defaulted; its ``host`` (a local
+    launch's) is an error unless `local_host_allowed`: pods get their own DNS names."""
     data = read_spec(path)
     if "roles" not in data:
         raise ClusterSpecError(f"{path}.cluster", "fixed addresses cannot be rendered for "
-                               "Kubernetes", 'describe the job with "roles": {"worker": 2}')
+                               "Kubernetes", 'describe the job with "roles": {"worker": 2} (for '
+                               "fixed addresses: kdist tf-config or kdist launch on each machine)")
+    if "host" in data and not local_host_allowed:
+        raise ClusterSpecError(f"{path}.host", "is a local launch's host, but Kubernetes gives "
+                               "each pod its own DNS name", "remove host from the spec")
     name = data.get("name")
     if not isinstance(name, str) or not re.fullmatch(r"[a-z]([-a-z0-9]{0,40}[a-z0-9])?", name):
         raise ClusterSpecError(f"{path}.name", f"{name!r} is not a Kubernetes name",

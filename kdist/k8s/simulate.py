@@ -115,6 +115,6 @@ def simulate(spec: KubernetesSpec, command: list[str], namespace: str = "default
 
         launcher = Launcher(ClusterSpec(roles, source=spec.path), None, timeout=timeout,
                             output=output, task_command=pod_command,
-                            address_policy=lambda cluster: None,  # every pod is an emulated host
+                            placement=ClusterSpec.tasks,  # every pod is an emulated host
                             network="host")  # each pod enters its own host's namespace
         return launcher.run()

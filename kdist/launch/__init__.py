@@ -8,7 +8,7 @@ No TensorFlow import here: the launcher only starts processes.
 """
 
 from kdist.launch.launcher import (RESTART_ENV, WORLD_SIZE_CHANGE_ENV, Launcher, Outcome,
-                                   ProgramError, State, check_program, require_loopback)
+                                   ProgramError, State, check_program)
 
 __all__ = ["RESTART_ENV", "WORLD_SIZE_CHANGE_ENV", "Launcher", "Outcome", "ProgramError", "State",
-           "check_program", "require_loopback"]
+           "check_program"]

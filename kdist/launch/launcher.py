@@ -47,7 +47,13 @@ as JSON, ``log_dir`` keeps each task's whole output in ``LOG_DIR/<task>.log``.
 
 Extend it without subclassing: `task_command(task_type, index) -> (argv, env)` gives each task its
 own command line and environment (`kdist k8s simulate` runs each pod in its own network namespace
-this way), and `address_policy(spec)` decides which addresses may be launched here.
+this way), and `placement(spec)` decides which tasks start here.
+
+A spec whose addresses are on several machines (`kdist.launch.hosts`) is launched once per machine
+with the same file; each launcher starts the tasks on its own addresses (or on `host`), in this
+machine's network, and succeeds when the leader does, or, where the leader runs elsewhere, when
+every task here has succeeded. Restarts need every machine's tasks, so they are left to a
+scheduler there (Kubernetes, Slurm).
 
 >>> import io
 >>> from kdist.cluster import ClusterSpec
@@ -76,12 +82,11 @@ from typing import IO, Callable, Sequence
 
 from kdist import exit_codes, validators
 from kdist.cluster.spec import ClusterSpec
-from kdist.launch import private_network
+from kdist.launch import hosts, private_network
 from kdist.launch import summary as summaries
 from kdist.launch.group import TaskGroup, TaskRun
 from kdist.validators import UsageError
 
-LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
 RESTART_ENV = "KDIST_RESTART_COUNT"
 SECRET_ENV = "KDIST_JOB_SECRET"  # kdist.exchange.comm.SECRET_ENV (no TensorFlow import here)
 WORLD_SIZE_CHANGE_ENV = "KDIST_WORLD_SIZE_CHANGE"
@@ -135,16 +140,6 @@ def check_program(argv: Sequence[str]) -> str:
     return found
 
 
-def require_loopback(spec: ClusterSpec) -> None:
-    """The default address policy: every task of a local launch listens on this machine's loopback."""
-    non_local = [a for addresses in spec.jobs.values() for a in addresses
-                 if not a.startswith(LOOPBACK_PREFIXES)]
-    if non_local:
-        raise UsageError(f"address {non_local[0]}", "the local launcher runs every task on this "
-                         "machine's loopback (127.0.0.1) only", "use a roles-only spec or "
-                         "127.0.0.1 addresses")
-
-
 class Launcher:
     """Starts every task of `spec`, supervises them, returns the job's exit code.
 
@@ -161,8 +156,10 @@ class Launcher:
             workers (None: always restart the whole group). Needs `max_restarts`.
         task_command: `(task_type, index) -> (argv, env)` for each task; default: `command` with
             the task's TF_CONFIG added to `env`.
-        address_policy: `(spec) -> None`, raises ValueError for addresses this launcher may not
-            run; default `require_loopback`.
+        placement: `(spec) -> [(task_type, index), ...]`, the tasks to start here, raising
+            `UsageError` for a spec this launcher cannot run; default: the tasks on this
+            machine's addresses (`kdist.launch.hosts.tasks_here`), or on `host`.
+        host: this machine's host in a multi-host spec (default: found from its addresses).
         log_dir: a folder for each task's whole output (`LOG_DIR/<task>.log`, appended across
             restarts) and the summary (`LOG_DIR/summary.json`).
         summary: a file for the summary as JSON (default: `LOG_DIR/summary.json` with `log_dir`).
@@ -174,7 +171,8 @@ class Launcher:
                  output: IO[str] | None = None, env: dict[str, str] | None = None,
                  max_restarts: int = 0, min_workers: int | None = None,
                  task_command: Callable[[str, int], tuple[list[str], dict]] | None = None,
-                 address_policy: Callable[[ClusterSpec], None] = require_loopback,
+                 placement: Callable[[ClusterSpec], list[tuple[str, int]]] | None = None,
+                 host: str | None = None,
                  log_dir: str | None = None, summary: str | None = None, tf_logs: bool = False,
                  network: str | None = None):
         validators.non_negative_int(max_restarts, "--max-restarts")
@@ -183,7 +181,15 @@ class Launcher:
             validators.positive_number(timeout, "--timeout")
         validators.non_negative_number(grace, "--grace")
         validators.positive_number(stop_timeout, "stop_timeout")
-        address_policy(spec)
+        self.placement = placement or (lambda cluster: hosts.tasks_here(cluster, host))
+        self.here = self.placement(spec)
+        self.multi_host = len(self.here) < len(spec.tasks())
+        _check_network(spec, network, placement is None)
+        if self.multi_host and (max_restarts or min_workers is not None):
+            raise UsageError("--max-restarts", "this machine runs only part of a multi-host "
+                             "cluster, and a restart needs every machine's tasks",
+                             "drop --max-restarts/--min-workers here; restart a multi-host job "
+                             "with its scheduler (Kubernetes, Slurm)")
         if spec.leader is None:
             raise UsageError("cluster", "no chief and no worker to run the job",
                              "add a chief or a worker")
@@ -268,6 +274,7 @@ class Launcher:
         else:
             self._failed_before = None  # indices move up: the next failure is judged afresh
             self.spec = self.spec.without(*lost)
+            self.here = self.placement(self.spec)
             self.log(f"{failed} failed on two starts in a row: restarting without it on "
                      f"{self.spec.num_workers} worker(s) (--min-workers {self.min_workers}) "
                      f"({self.restarts}/{self.max_restarts}); they see {RESTART_ENV}="
@@ -295,7 +302,7 @@ class Launcher:
         return self.group.tasks if self.group is not None else []
 
     def _supervise(self, deadline: float | None) -> Outcome:
-        leader = self._task(*self.spec.leader)
+        leader = self._leader()
         finish_by = None
         while True:
             if self._signal is not None:
@@ -315,7 +322,10 @@ class Launcher:
                 self.log(f"{failed.name} exited with code {failed.poll()}: stopping the other tasks")
                 self.group.stop(self.tasks, because=f"{failed.name} failed")
                 return Outcome(State.FAILED, failed.poll(), failed.name)
-            if self.state is State.RUNNING and leader.poll() == 0:
+            if self.state is State.RUNNING and leader is None and \
+                    all(t.poll() == 0 for t in self.tasks):
+                return Outcome(State.SUCCEEDED, exit_codes.OK)
+            if self.state is State.RUNNING and leader is not None and leader.poll() == 0:
                 self.state = State.FINISHING
                 finish_by = time.monotonic() + self.grace
                 self.log(f"{leader.name} succeeded; waiting up to {self.grace:g}s for the other "
@@ -348,13 +358,19 @@ class Launcher:
     def _chief_reports(self, failed: TaskRun, leader: TaskRun) -> bool:
         """A lost ps is the chief's to report (tasks are polled chief first, so once the chief
         fails its code wins): True while the chief runs, for at most `grace` seconds."""
-        if failed.task_type != "ps" or leader.poll() is not None:
+        if failed.task_type != "ps" or leader is None or leader.poll() is not None:
             return False
         if self._chief_deadline is None:
             self._chief_deadline = time.monotonic() + self.grace
             self.log(f"{failed.name} exited with code {failed.poll()}: waiting up to "
                      f"{self.grace:g}s for the chief to report it")
         return time.monotonic() < self._chief_deadline
+
+    def _leader(self) -> TaskRun | None:
+        """The task whose success is the job's: the cluster's leader, or where it runs on another
+        machine, this machine's first chief/worker; None when only ps/evaluators run here."""
+        candidates = [self.spec.leader] + [t for t in self.here if t[0] in ("chief", "worker")]
+        return next((self._task(*t) for t in candidates if t in self.here), None)
 
     def _tolerated(self, task: TaskRun) -> bool:
         """Workers of a parameter-server cluster may die: the coordinator replaces them."""
@@ -365,6 +381,10 @@ class Launcher:
         """The tasks' network: a private namespace unless `network` is "host"; when none can be
         made, an error if "private" was asked for, else a warning naming the exposure."""
         if self.network_mode == "host":
+            return
+        if not hosts.all_loopback(self.spec):
+            self.log(private_network.multi_host_warning(
+                [self.spec.address(*task) for task in self.here]))
             return
         network = private_network.PrivateNetwork()
         try:
@@ -381,7 +401,7 @@ class Launcher:
         self.group = TaskGroup(self.output, self._lock, self.log_dir, self.tf_logs,
                                self.stop_timeout)
         tasks = []
-        for task_type, index in self.spec.tasks():
+        for task_type, index in self.here:
             argv, env = self.task_command(task_type, index)
             env = dict(env, PYTHONUNBUFFERED="1")
             env[RESTART_ENV] = str(self.restarts)
@@ -453,6 +473,15 @@ def safe_log(log_dir: str, name: str):
     from kdist import safe_files
 
     return safe_files.open_for_append(os.path.join(log_dir, f"{name}.log"))
+
+
+def _check_network(spec: ClusterSpec, network: str | None, own_placement: bool) -> None:
+    """A private network holds only a loopback interface: it cannot carry a cluster whose tasks
+    listen on other addresses."""
+    if own_placement and network == "private" and not hosts.all_loopback(spec):
+        raise UsageError("--network", "private: the cluster's tasks listen on this machine's "
+                         "real addresses, which a private network (a loopback only) does not have",
+                         "leave --network out (or pass --network host) for a multi-host spec")
 
 
 def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_command) -> None:

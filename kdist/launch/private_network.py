@@ -135,3 +135,11 @@ def exposure_warning(addresses: list[str], why: str) -> str:
             f"unauthenticated. No private network here: {why}. Run where network namespaces are "
             "allowed, firewall these ports, or pass --network host to accept this and silence the "
             "warning.")
+
+
+def multi_host_warning(addresses: list[str]) -> str:
+    """The warning of a multi-host launch, whose tasks must be reachable by the other machines."""
+    return (f"WARNING: the tasks' TensorFlow ports ({', '.join(addresses)}) listen on this "
+            "machine's network, where every host that reaches them can run any op, "
+            "unauthenticated. Keep the machines on a private network, or firewall these ports to "
+            "the cluster's hosts; pass --network host to accept this and silence the warning.")
