@@ -228,8 +228,15 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--plot", help="write a PNG of t1, t2 and step time against the batch")
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
 
-    commands.add_parser("doctor", help="print the TensorFlow/Keras versions, whether kdist "
-                                       "supports them, and the workarounds it installs")
+    doctor = commands.add_parser(
+        "doctor", help="check what this process would train with: its TF_CONFIG or Slurm step "
+                       "(the resolved cluster and task), its and its peers' ports, a spec file, "
+                       "the TensorFlow/Keras versions and kdist's workarounds, the GPU stack; "
+                       "exit code 1 on a problem")
+    doctor.add_argument("--spec", default=None, help="also validate this cluster-spec file")
+    doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.add_argument("--tf-logs", action="store_true",
+                        help="keep TensorFlow's C++ start-up logging (left out by default)")
 
     bundle = commands.add_parser("bundle", help="kdist and its dependencies (optionally the CUDA 12 "
                                                  "libraries) for a host without a package index")
@@ -523,11 +530,20 @@ def _kdist_wheel(into: str) -> str:
 
 
 def _doctor(args) -> int:
-    from kdist.keras_seam.doctor import report
+    import dataclasses
+    import json
 
-    lines, supported = report()
-    print("\n".join(lines))
-    return 0 if supported else 1
+    from kdist import doctor
+
+    checks = doctor.run(args.spec, args.tf_logs)
+    problems = [c for c in checks if c.status == doctor.PROBLEM]
+    if args.json:
+        print(json.dumps({"checks": [dataclasses.asdict(c) for c in checks],
+                          "problems": len(problems)}, indent=1))
+    else:
+        print("\n".join(c.line() for c in checks))
+        print(f"{len(problems)} problem(s)" if problems else "no problems found")
+    return 1 if problems else 0
 
 
 _VERBS = {"doctor": _doctor, "validate": _validate, "tf-config": _tf_config, "k8s": _k8s, "plan": _plan,

@@ -41,6 +41,11 @@ _TF_NOISE = re.compile(
     r"|To enable the following instructions: .*rebuild TensorFlow with the appropriate compiler)")
 
 
+def is_tf_noise(line: str) -> bool:
+    """True for a line of TensorFlow's C++ start-up logging (oneDNN, CUDA stubs, CPU features)."""
+    return bool(_TF_NOISE.match(_ANSI.sub("", line)))
+
+
 class TaskRun:
     """One task's process in one attempt."""
 

@@ -1,0 +1,182 @@
+"""`kdist doctor`: will this process train, and with what? Each check says ok, warning or problem.
+
+The checks, in the order a job meets them:
+
+- **cluster**: the TF_CONFIG (or Slurm step) this process would run with, parsed as
+  `kdist.cluster()` parses it: the resolved cluster and task, or the field that is wrong and the fix;
+- **spec**: a cluster-spec file given with ``--spec``, validated like ``kdist validate``;
+- **ports**: this task's own port is free to listen on, and each peer's port answers (a peer not
+  started yet is a warning: run the doctor again once the job runs);
+- **versions**: TensorFlow and Keras against the range kdist supports, and the workarounds
+  `kdist.scope()` installs (`kdist.keras_seam.doctor`);
+- **gpu**: where the machine has an NVIDIA GPU (``/dev/nvidia0``), TensorFlow must see it.
+
+The exit code is 1 when any check found a problem, else 0; ``--json`` prints the checks as data.
+
+>>> [(c.name, c.status) for c in cluster_checks()]      # no TF_CONFIG here
+[('cluster', 'ok')]
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import socket
+import sys
+import tempfile
+
+OK, WARNING, PROBLEM = "ok", "warning", "problem"
+PROBE_SECONDS = 2.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Check:
+    """One finding: what was checked, ok/warning/problem, what was seen, and the fix (if any)."""
+
+    name: str
+    status: str
+    detail: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        return f"{self.status:8s} {self.name}: {self.detail}" + (
+            f" Fix: {self.fix}" if self.fix else "")
+
+
+def cluster_checks(probe: bool = True) -> list[Check]:
+    """The cluster this process's environment describes (as `kdist.cluster()` reads it), and with
+    `probe` its ports."""
+    from kdist.cluster import environment, slurm
+    from kdist.validators import UsageError
+
+    try:
+        spec = environment.cluster()
+    except UsageError as err:  # ClusterSpecError, and what the Slurm reader raises
+        return [Check("cluster", PROBLEM, f"{err.field}: {err.problem}", err.fix)]
+    if not spec.is_distributed:
+        return [Check("cluster", OK, "a single process (no TF_CONFIG, no Slurm step of several "
+                                     "tasks): kdist.scope() uses this machine's devices")]
+    source = "TF_CONFIG" if os.environ.get("TF_CONFIG", "").strip() else \
+        "the Slurm step (SLURM_* variables)" if slurm.in_slurm_step() else "the environment"
+    jobs = "; ".join(f"{job}: {', '.join(addresses)}" for job, addresses in spec.jobs.items())
+    checks = [Check("cluster", OK, f"from {source}: this is task {spec.task} of {jobs}")]
+    if probe:
+        checks += port_checks(spec)
+    return checks
+
+
+def port_checks(spec) -> list[Check]:
+    """This task's port is free; every peer's port answers (probed in parallel)."""
+    from kdist.launch.hosts import host_of
+
+    own = spec.address(spec.task_type, spec.task_index) if spec.task_type in spec.jobs else None
+    checks = []
+    if own is not None:
+        port = int(own.rsplit(":", 1)[1])
+        try:
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+                listener.bind(("", port))
+            checks.append(Check("ports", OK, f"this task's port {port} is free"))
+        except OSError as err:
+            checks.append(Check("ports", PROBLEM, f"this task's port {port} is taken "
+                                f"({err.strerror})", f"stop what listens on {port} (ss -ltnp "
+                                f"'sport = :{port}'), or give this task another port"))
+    peers = [spec.address(*t) for t in spec.tasks() if spec.address(*t) != own]
+    with concurrent.futures.ThreadPoolExecutor(max(1, min(16, len(peers)))) as pool:
+        answers = list(pool.map(_answers, peers))
+    silent = [peer for peer, answer in zip(peers, answers) if answer is not None]
+    if not silent:
+        checks.append(Check("peers", OK, f"all {len(peers)} peer port(s) answer"))
+    else:
+        reasons = "; ".join(f"{peer}: {answers[peers.index(peer)]}" for peer in silent[:4])
+        checks.append(Check("peers", WARNING, f"{len(silent)} of {len(peers)} peer port(s) do not "
+                            f"answer ({reasons})", "normal before the job starts; once it runs, "
+                            "check that each peer is up and that a firewall lets these ports "
+                            f"through (host {host_of(silent[0])})"))
+    return checks
+
+
+def _answers(address: str) -> str | None:
+    """None when a TCP connection to `address` opens, else why not."""
+    host, port = address.rsplit(":", 1)
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
+        return None
+    except socket.gaierror:
+        return "the host name does not resolve"
+    except socket.timeout:
+        return f"no answer in {PROBE_SECONDS:g} s"
+    except OSError as err:
+        return err.strerror or type(err).__name__
+
+
+def spec_checks(path: str) -> list[Check]:
+    from kdist.cluster.spec import ClusterSpecError
+    from kdist.cluster.spec_file import load_spec
+
+    try:
+        spec = load_spec(path)
+    except ClusterSpecError as err:
+        return [Check("spec", PROBLEM, f"{err.field}: {err.problem}", err.fix)]
+    return [Check("spec", OK, f"{path}: " + ", ".join(f"{n} {job}"
+                                                        for job, n in spec.roles.items()))]
+
+
+def stack_checks(tf_logs: bool = False) -> list[Check]:
+    """TensorFlow/Keras versions and kdist's workarounds, then the GPU stack; TensorFlow's C++
+    start-up logging is left out unless `tf_logs`."""
+    from kdist.keras_seam.doctor import report
+
+    with _without_tf_logs(enabled=not tf_logs):
+        lines, supported = report()
+    checks = [Check("versions", OK if supported else PROBLEM, lines[0] + "; " + lines[2].removeprefix(
+        "verdict: "), None if supported else "install a TensorFlow/Keras in " + lines[1]
+        .removeprefix("supported: "))]
+    checks.append(Check("workarounds", OK, lines[3] + "\n" + "\n".join(lines[4:-1])))
+    checks.append(gpu_check(lines[-1]))
+    return checks
+
+
+@contextlib.contextmanager
+def _without_tf_logs(enabled: bool):
+    """Runs the block with file descriptor 2 in a file, then writes back what is not TensorFlow's
+    C++ start-up logging (which bypasses Python's sys.stderr and TF_CPP_MIN_LOG_LEVEL)."""
+    if not enabled:
+        yield
+        return
+    from kdist.launch.group import is_tf_noise
+
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+") as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            kept = [line for line in captured if not is_tf_noise(line)]
+            sys.stderr.write("".join(kept))
+
+
+def gpu_check(devices: str) -> Check:
+    """A machine with an NVIDIA GPU whose TensorFlow sees none is a problem."""
+    has_gpu = os.path.exists("/dev/nvidia0")
+    tf_gpus = int(devices.split(", ")[1].split()[0])
+    if has_gpu and tf_gpus == 0:
+        return Check("gpu", PROBLEM, f"this machine has an NVIDIA GPU, TensorFlow sees none "
+                     f"({devices})", "install TensorFlow's CUDA libraries: pip install "
+                     "'tensorflow[and-cuda]' (or kdist bundle make --cuda minimal offline)")
+    return Check("gpu", OK, devices + ("" if has_gpu else " (no NVIDIA GPU on this machine)"))
+
+
+def run(spec: str | None = None, tf_logs: bool = False) -> list[Check]:
+    """Every check, in order."""
+    checks = cluster_checks()
+    if spec is not None:
+        checks += spec_checks(spec)
+    return checks + stack_checks(tf_logs)
