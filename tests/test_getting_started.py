@@ -100,3 +100,14 @@ def test_the_readme_quick_start_runs_unchanged_on_two_workers(tmp_path):
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     for worker in (0, 1):
         assert f"[worker-{worker}] 2 replica(s)" in result.stdout
+
+
+def test_every_kdist_variable_the_code_reads_is_documented():
+    import glob
+
+    code = "".join(open(p, encoding="utf-8").read() for p in glob.glob(
+        os.path.join(ROOT, "kdist", "**", "*.py"), recursive=True))
+    names = set(re.findall(r"\bKDIST_[A-Z_]+[A-Z]\b", code)) - {"KDIST_FEATURE"}  # a constant
+    page = open(os.path.join(ROOT, "docs", "environment.md"), encoding="utf-8").read()
+    assert len(names) >= 20
+    assert sorted(n for n in names if f"`{n}`" not in page) == []
