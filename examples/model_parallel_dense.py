@@ -17,7 +17,8 @@ import kdist  # noqa: E402
 import mnist_data  # noqa: E402
 
 FLAGS = flags.FLAGS
-flags.DEFINE_enum("data", "auto", ["auto", "mnist", "digits"], "as in mnist_multiworker.py")
+flags.DEFINE_enum("data", "auto", ["auto", "mnist", "offline", "digits"],
+                  "as in mnist_multiworker.py")
 flags.DEFINE_string("data_dir", None, "tensorflow-datasets data directory")
 flags.DEFINE_integer("epochs", 5, "training epochs")
 flags.DEFINE_integer("hidden", 1024, "units of the column-parallel layer")

@@ -9,7 +9,8 @@ The checks, in the order a job meets them:
   started yet is a warning: run the doctor again once the job runs);
 - **versions**: TensorFlow and Keras against the range kdist supports, and the workarounds
   `kdist.scope()` installs (`kdist.keras_seam.doctor`);
-- **gpu**: where the machine has an NVIDIA GPU (``/dev/nvidia0``), TensorFlow must see it.
+- **gpu**: where the machine has an NVIDIA GPU (``/dev/nvidia0``), TensorFlow must see it;
+- **keras**: a warning when both ``keras`` and ``keras-nightly`` are installed.
 
 The exit code is 1 when any check found a problem, else 0; ``--json`` prints the checks as data.
 
@@ -136,7 +137,27 @@ def stack_checks(tf_logs: bool = False) -> list[Check]:
         .removeprefix("supported: "))]
     checks.append(Check("workarounds", OK, lines[3] + "\n" + "\n".join(lines[4:-1])))
     checks.append(gpu_check(lines[-1]))
-    return checks
+    return checks + keras_distribution_checks()
+
+
+def keras_distribution_checks() -> list[Check]:
+    """Both `keras` and `keras-nightly` installed (TensorFlow 2.22 pulls in the latter) write the
+    same `keras` package: which one Python imports depends on which was installed last."""
+    from importlib import metadata
+
+    found = {}
+    for name in ("keras", "keras-nightly"):
+        try:
+            found[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    if len(found) < 2:
+        return []
+    return [Check("keras", WARNING, "both keras " + found["keras"] + " and keras-nightly "
+                  + found["keras-nightly"] + " are installed; they write the same package, and "
+                  "the one installed last is the one Python imports",
+                  "keep the one your TensorFlow requires (TensorFlow 2.22: keras-nightly): "
+                  "pip uninstall -y keras keras-nightly, then reinstall it")]
 
 
 @contextlib.contextmanager

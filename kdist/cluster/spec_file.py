@@ -15,8 +15,10 @@ job -> ``{count, resources}``) or ``cluster`` (job -> addresses), ``host`` (role
 127.0.0.1). Kubernetes only (`kdist k8s render`, ignored by local launches): ``port`` (2222),
 ``image``, ``command`` (list), ``resources`` (requests/limits for every role), ``restart_policy``
 (Never or OnFailure; Never), ``backoff_limit`` (0), ``run_as_user`` (the pods' non-root user,
-1000) and ``run_as_root`` (false: pods the Pod Security Standards' restricted profile admits;
-`kdist.k8s.security`). Unknown keys are errors.
+1000), ``run_as_root`` (false: pods the Pod Security Standards' restricted profile admits;
+`kdist.k8s.security`), and the pod keys of `kdist.cluster.pod_keys`: ``volumes``,
+``node_selector``, ``tolerations``, ``env``, ``image_pull_secrets``, ``service_account``. Unknown
+keys are errors.
 
 >>> from kdist.cluster.spec_file import load_spec
 >>> load_spec("cluster_specs/local-2-workers.json").roles      # doctest: +SKIP
@@ -32,12 +34,12 @@ import re
 from typing import Any
 
 from kdist import validators
+from kdist.cluster import pod_keys
 from kdist.cluster.spec import ClusterSpec, ClusterSpecError, _count, validate_roles
 
-_KEYS = ("name", "roles", "cluster", "host", "port", "image", "command", "resources",
-         "restart_policy", "backoff_limit", "run_as_user", "run_as_root")
 KUBERNETES_ONLY = ("port", "image", "command", "resources", "restart_policy", "backoff_limit",
-                   "run_as_user", "run_as_root")
+                   "run_as_user", "run_as_root", *pod_keys.KEYS)
+_KEYS = ("name", "roles", "cluster", "host", *KUBERNETES_ONLY)
 
 
 def read_spec(path: str) -> dict[str, Any]:
@@ -132,6 +134,7 @@ class KubernetesSpec:
     backoff_limit: int = 0
     run_as_user: int = 1000
     run_as_root: bool = False
+    pod_keys: dict = dataclasses.field(default_factory=dict)  # kdist.cluster.pod_keys, checked
 
 
 def read_k8s_spec(path: str, local_host_allowed: bool = False) -> KubernetesSpec:
@@ -183,4 +186,4 @@ def read_k8s_spec(path: str, local_host_allowed: bool = False) -> KubernetesSpec
                           command=None if command is None else tuple(command),
                           resources={r: v for r, v in resources.items() if v},
                           restart_policy=restart, backoff_limit=backoff, run_as_user=user,
-                          run_as_root=root)
+                          run_as_root=root, pod_keys=pod_keys.read_pod_keys(data, path))

@@ -24,9 +24,11 @@ nodes, so a chief or ps layout needs `--format jobset`).
 
 from __future__ import annotations
 
+import dataclasses
+
 from kdist.cluster.spec import ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
-from kdist.k8s import pod, restarts, security
+from kdist.k8s import pod, pod_settings, restarts, security
 
 API_VERSION = "jobset.x-k8s.io/v1alpha2"
 TRAINER_API_VERSION = "trainer.kubeflow.org/v1alpha1"
@@ -52,7 +54,7 @@ def _job_template(spec: KubernetesSpec, container: dict, pod_labels: dict, count
     pod_spec = {"restartPolicy": spec.restart_policy, "containers": [container]}
     template = {"metadata": {"labels": pod_labels}, "spec": pod_spec} if pod_labels else \
         {"spec": pod_spec}
-    job["template"] = security.harden(template, spec)
+    job["template"] = pod_settings.finish(template, spec)
     return {"metadata": {"labels": job_labels}, "spec": job} if job_labels else {"spec": job}
 
 
@@ -88,6 +90,14 @@ def trainjob(spec: KubernetesSpec, command: list[str], image: str, namespace: st
         raise ClusterSpecError(f"{spec.path}.roles", f"Kubeflow Trainer v2 runs one group of "
                                f"training nodes; this spec also has {', '.join(others)}",
                                "use roles: {worker: N} (MultiWorkerMirrored), or --format jobset")
+    placed = sorted(set(spec.pod_keys) - {"env"})
+    if placed:
+        raise ClusterSpecError(f"{spec.path}.{placed[0]}", "goes into the pod template, and a "
+                               "TrainJob's pod template is the TrainingRuntime that jobs share",
+                               "use --format jobset (or jobs) for a spec with "
+                               + ", ".join(placed))
+    job_env = [{"name": k, "value": v} for k, v in spec.pod_keys.get("env", {}).items()]
+    spec = dataclasses.replace(spec, pod_keys={})  # the shared runtime carries no job's keys
     container = {"name": pod.TRAINER_NODE, "image": image, "command": ["kdist", "exec", "--"],
                  "env": downward_env(), "terminationMessagePolicy": "FallbackToLogsOnError"}
     node = {"name": pod.TRAINER_NODE,
@@ -102,7 +112,7 @@ def trainjob(spec: KubernetesSpec, command: list[str], image: str, namespace: st
                "env": [{"name": pod.ROLES_ENV,
                         "value": pod.encode_roles({pod.TRAINER_NODE: workers})},
                        {"name": pod.PORT_ENV, "value": str(spec.port)},
-                       *security.ring_env(spec)]}
+                       *security.ring_env(spec), *job_env]}
     if spec.resources.get("worker"):
         trainer["resourcesPerNode"] = spec.resources["worker"]
     train_job = {"apiVersion": TRAINER_API_VERSION, "kind": "TrainJob",

@@ -26,7 +26,7 @@ import json
 
 from kdist.cluster.spec import ClusterSpec, ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
-from kdist.k8s import jobset, pod, restarts, security
+from kdist.k8s import jobset, pod, pod_settings, restarts, security
 
 FORMATS = ("jobs", "tfjob", "jobset", "trainjob")
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -134,7 +134,7 @@ def _jobs(spec, cluster, command, image, namespace):
     for role, count in spec.roles.items():
         env = [{"name": pod.CLUSTER_ENV, "value": cluster_json},
                {"name": pod.ROLE_ENV, "value": role}]
-        template = security.harden({
+        template = pod_settings.finish({
             "metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
             "spec": {"subdomain": name, "restartPolicy": spec.restart_policy,
                      "containers": [_container(spec, role, image,
@@ -156,7 +156,7 @@ def _tfjob(spec, command, image, namespace):
     for role, count in spec.roles.items():
         replicas[TFJOB_TYPES[role]] = {
             "replicas": count, "restartPolicy": spec.restart_policy,
-            "template": security.harden({
+            "template": pod_settings.finish({
                 "metadata": {"labels": {LABEL: name}},
                 "spec": {"containers": [_container(spec, role, image, command, [])]}}, spec)}
     return {"apiVersion": "kubeflow.org/v1", "kind": "TFJob",
