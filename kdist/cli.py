@@ -30,7 +30,23 @@ from kdist.cluster.spec import MAX_LOCAL_TASKS, ClusterSpec, ClusterSpecError
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse, with its errors after the command's usage, in kdist's one-line form, exit code 2."""
+    """argparse, with its errors after the command's usage, in kdist's one-line form, exit code 2;
+    it keeps its own list of its options and choices (for "did you mean") and its subcommands."""
+
+    def __init__(self, *args, **kwargs):
+        self.known_words: list[str] = []  # option strings and string choices
+        self.subcommands = None  # the action add_subparsers returned
+        super().__init__(*args, **kwargs)
+
+    def add_argument(self, *args, **kwargs):
+        action = super().add_argument(*args, **kwargs)
+        self.known_words += [*action.option_strings,
+                             *(c for c in (action.choices or ()) if isinstance(c, str))]
+        return action
+
+    def add_subparsers(self, **kwargs):
+        self.subcommands = super().add_subparsers(**kwargs)
+        return self.subcommands
 
     def error(self, message):
         flag, sep, problem = message.removeprefix("argument ").partition(": ")
@@ -46,9 +62,7 @@ class _Parser(argparse.ArgumentParser):
         import difflib
 
         words = re.findall(r"'([^']+)'|(--?[\w-]+)", problem.partition("(choose from")[0])
-        known = [o for action in self._actions for o in action.option_strings] + [
-            c for action in self._actions for c in (getattr(action, "choices", None) or ())
-            if isinstance(c, str)]
+        known = self.known_words + list(self.subcommands.choices if self.subcommands else ())
         for word in (w for pair in words for w in pair if w):
             close = difflib.get_close_matches(word, known, n=1, cutoff=0.7)
             if close and close[0] != word:
@@ -169,7 +183,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "{job}-{role}-{index}.{job}.{namespace}.svc")
 
     k8s = commands.add_parser("k8s", help="Kubernetes manifests")
-    k8s_commands = k8s.add_subparsers(dest="k8s_command", required=True, parser_class=_Parser)
+    k8s_commands = k8s.add_subparsers(dest="k8s_command", metavar="COMMAND", required=True,
+                                      parser_class=_Parser)
     render = k8s_commands.add_parser("render", help="write the manifests of a spec")
     render.add_argument("--spec", required=True, help="roles-form cluster-spec file")
     render.add_argument("--image", help="container image (default: the spec's image)")
@@ -240,7 +255,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bundle = commands.add_parser("bundle", help="kdist and its dependencies (optionally the CUDA 12 "
                                                  "libraries) for a host without a package index")
-    bundle_commands = bundle.add_subparsers(dest="bundle_command", required=True,
+    bundle_commands = bundle.add_subparsers(dest="bundle_command", metavar="COMMAND", required=True,
                                             parser_class=_Parser)
     make = bundle_commands.add_parser(
         "make", help="download the wheels for a target Python and platform, pack them into "
@@ -554,11 +569,9 @@ def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentP
     """The (sub)command's parser that parsed `args`: e.g. `kdist k8s render`'s."""
     for dest in ("verb", "k8s_command", "bundle_command"):
         name = getattr(args, dest, None)
-        subparsers = next((a for a in parser._actions
-                           if isinstance(a, argparse._SubParsersAction)), None)
-        if name is None or subparsers is None:
+        if name is None or parser.subcommands is None:
             break
-        parser = subparsers.choices[name]
+        parser = parser.subcommands.choices[name]
     return parser
 
 

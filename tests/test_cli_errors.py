@@ -231,3 +231,45 @@ def test_fuzzed_render_arguments_end_in_success_or_a_kdist_error(flags, capsys, 
     code, output = _main_exit_code(["k8s", "render", *flags], capsys)
     assert code in (0, 2), output
     assert code == 0 or "kdist: error:" in output
+
+
+# ------------------------------------------------------------------ help and typos (issue 46)
+@pytest.mark.parametrize("args,usage,hint", [
+    (["lanch"], "usage: kdist [-h] [--version] COMMAND", "(did you mean launch?)"),
+    (["launch", "--wokers", "2", "--", "true"], "usage: kdist launch [-h]", "(did you mean --workers?)"),
+    (["k8s", "rendr"], "usage: kdist k8s [-h] COMMAND", "(did you mean render?)"),
+    (["k8s", "render", "--spec", "x", "--imagee", "i"], "usage: kdist k8s render [-h]",
+     "(did you mean --image?)"),
+])
+def test_a_typo_gets_the_commands_usage_and_the_closest_word(args, usage, hint):
+    result = run_kdist(args, timeout=30)
+    assert result.returncode == 2
+    assert result.stderr.startswith(usage), result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kdist: error:")]
+    assert len(errors) == 1 and hint in errors[0], result.stderr
+
+
+def test_version_and_the_top_level_help_with_examples():
+    from importlib import metadata
+
+    result = run_kdist(["--version"], timeout=30)
+    assert result.returncode == 0
+    assert result.stdout.startswith(f"kdist {metadata.version('kdist')} (Python ")
+    result = run_kdist(["--help"], timeout=30)
+    assert "examples:\n    kdist launch --workers 2 -- python train.py" in result.stdout
+
+
+def test_every_argument_of_every_command_has_help():
+    import argparse
+
+    from kdist import cli
+
+    def missing(parser, name):
+        for action in parser._actions:
+            if action is parser.subcommands:
+                for command, sub in action.choices.items():
+                    yield from missing(sub, f"{name} {command}")
+            elif not action.help and not isinstance(action, argparse._HelpAction):
+                yield f"{name} {'/'.join(action.option_strings) or action.dest}"
+
+    assert list(missing(cli._parser(), "kdist")) == []
