@@ -24,7 +24,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import os
-import socket
 import sys
 import tempfile
 
@@ -69,48 +68,33 @@ def cluster_checks(probe: bool = True) -> list[Check]:
 
 
 def port_checks(spec) -> list[Check]:
-    """This task's port is free; every peer's port answers (probed in parallel)."""
+    """This task's port is free; every peer's port answers (probed in parallel), as at start-up
+    (`kdist.startup.hold_port`, `kdist.startup.probe`)."""
+    from kdist import startup
     from kdist.launch.hosts import host_of
+    from kdist.validators import UsageError
 
-    own = spec.address(spec.task_type, spec.task_index) if spec.task_type in spec.jobs else None
     checks = []
-    if own is not None:
-        port = int(own.rsplit(":", 1)[1])
+    if spec.task_type in spec.jobs:
         try:
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-                listener.bind(("", port))
+            startup.hold_port(spec).close()
+            port = spec.address(spec.task_type, spec.task_index).rpartition(":")[2]
             checks.append(Check("ports", OK, f"this task's port {port} is free"))
-        except OSError as err:
-            checks.append(Check("ports", PROBLEM, f"this task's port {port} is taken "
-                                f"({err.strerror})", f"stop what listens on {port} (ss -ltnp "
-                                f"'sport = :{port}'), or give this task another port"))
-    peers = [spec.address(*t) for t in spec.tasks() if spec.address(*t) != own]
+        except UsageError as err:
+            checks.append(Check("ports", PROBLEM, err.problem, err.fix))
+    peers = [address for _, address in startup.peers_of(spec, roles=tuple(spec.jobs))]
     with concurrent.futures.ThreadPoolExecutor(max(1, min(16, len(peers)))) as pool:
-        answers = list(pool.map(_answers, peers))
-    silent = [peer for peer, answer in zip(peers, answers) if answer is not None]
+        answers = list(pool.map(lambda address: startup.probe(address, PROBE_SECONDS), peers))
+    silent = [(peer, answer) for peer, answer in zip(peers, answers) if answer is not None]
     if not silent:
         checks.append(Check("peers", OK, f"all {len(peers)} peer port(s) answer"))
     else:
-        reasons = "; ".join(f"{peer}: {answers[peers.index(peer)]}" for peer in silent[:4])
+        reasons = "; ".join(f"{peer}: {answer}" for peer, answer in silent[:4])
         checks.append(Check("peers", WARNING, f"{len(silent)} of {len(peers)} peer port(s) do not "
                             f"answer ({reasons})", "normal before the job starts; once it runs, "
                             "check that each peer is up and that a firewall lets these ports "
-                            f"through (host {host_of(silent[0])})"))
+                            f"through (host {host_of(silent[0][0])})"))
     return checks
-
-
-def _answers(address: str) -> str | None:
-    """None when a TCP connection to `address` opens, else why not."""
-    host, port = address.rsplit(":", 1)
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=PROBE_SECONDS).close()
-        return None
-    except socket.gaierror:
-        return "the host name does not resolve"
-    except socket.timeout:
-        return f"no answer in {PROBE_SECONDS:g} s"
-    except OSError as err:
-        return err.strerror or type(err).__name__
 
 
 def spec_checks(path: str) -> list[Check]:
@@ -136,7 +120,9 @@ def stack_checks(tf_logs: bool = False) -> list[Check]:
         "verdict: "), None if supported else "install a TensorFlow/Keras in " + lines[1]
         .removeprefix("supported: "))]
     checks.append(Check("workarounds", OK, lines[3] + "\n" + "\n".join(lines[4:-1])))
-    checks.append(gpu_check(lines[-1]))
+    import tensorflow as tf  # already initialised by the report: the devices are listed
+
+    checks.append(gpu_check(lines[-1], len(tf.config.list_physical_devices("GPU"))))
     return checks + keras_distribution_checks()
 
 
@@ -184,10 +170,10 @@ def _without_tf_logs(enabled: bool):
             sys.stderr.write("".join(kept))
 
 
-def gpu_check(devices: str) -> Check:
-    """A machine with an NVIDIA GPU whose TensorFlow sees none is a problem."""
+def gpu_check(devices: str, tf_gpus: int) -> Check:
+    """A machine with an NVIDIA GPU whose TensorFlow sees none (`tf_gpus`) is a problem;
+    `devices` is the report's line of them."""
     has_gpu = os.path.exists("/dev/nvidia0")
-    tf_gpus = int(devices.split(", ")[1].split()[0])
     if has_gpu and tf_gpus == 0:
         return Check("gpu", PROBLEM, f"this machine has an NVIDIA GPU, TensorFlow sees none "
                      f"({devices})", "install TensorFlow's CUDA libraries: pip install "

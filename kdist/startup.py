@@ -66,17 +66,8 @@ def startup_timeout(given: float | None = None) -> float:
     """Seconds a task waits for the others: `given`, else KDIST_STARTUP_TIMEOUT, else 600."""
     if given is not None:
         return validators.positive_number(given, "startup_timeout")
-    text = os.environ.get(STARTUP_TIMEOUT_ENV)
-    if text is None or not text.strip():
-        return DEFAULT_STARTUP_TIMEOUT
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
-    if not 0 < value < float("inf"):
-        raise validators.UsageError(f"{STARTUP_TIMEOUT_ENV}={text!r}", "is not a duration",
-                                    "use a positive number of seconds")
-    return value
+    from_env = validators.seconds_from_env(STARTUP_TIMEOUT_ENV)
+    return DEFAULT_STARTUP_TIMEOUT if from_env is None else from_env
 
 
 def peers_of(spec, roles=("chief", "worker", "ps")) -> list[tuple[str, str]]:
@@ -107,7 +98,7 @@ def wait_for_peers(spec, timeout: float, roles=("chief", "worker", "ps"),
     peers = peers_of(spec, roles)
     if not peers:
         return
-    own = _hold(spec) if hold_own_port else None
+    own = hold_port(spec) if hold_own_port else None
     started, next_report = time.monotonic(), FIRST_REPORT
     try:
         while True:
@@ -148,8 +139,9 @@ def _missing(spec, missing, waited: float, what: str, deadline_from: str) -> Pee
     return PeersMissing(message)
 
 
-def _hold(spec) -> socket.socket:
-    """Listens on this task's port until TensorFlow's server takes it over."""
+def hold_port(spec) -> socket.socket:
+    """Listens on this task's port (until TensorFlow's server takes it over); a port that is
+    taken raises `UsageError` naming the task, the port and the fix."""
     port = int(spec.address(spec.task_type, spec.task_index).rpartition(":")[2])
     own = socket.socket(socket.AF_INET6 if socket.has_ipv6 else socket.AF_INET)
     own.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

@@ -12,6 +12,7 @@ kdist.validators.UsageError: --timeout: -5 is out of range. Fix: use a positive 
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 
@@ -61,6 +62,21 @@ def non_negative_int(value: Any, name: str) -> int:
 def positive_number(value: Any, name: str) -> float:
     """`value` if it is a finite number > 0 (seconds, rates, sizes)."""
     _check(_is_number(value) and value > 0, value, name, "use a positive number")
+    return value
+
+
+def seconds_from_env(name: str) -> float | None:
+    """The environment variable `name` as a positive number of seconds; None when it is unset or
+    blank. Anything else raises `UsageError` naming the variable and its value."""
+    text = os.environ.get(name, "")
+    if not text.strip():
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 < value < math.inf:
+        raise UsageError(f"{name}={text!r}", "is not a duration", "use a positive number of seconds")
     return value
 
 

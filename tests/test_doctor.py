@@ -47,11 +47,11 @@ def test_the_resolved_cluster_the_ports_and_the_peers():
     assert checks["ports"]["status"] == "ok"
     assert checks["peers"]["status"] == "warning"
     assert checks["peers"]["detail"] == f"1 of 2 peer port(s) do not answer (127.0.0.1:{down}: " \
-                                        "Connection refused)"
+                                        "connection refused)"
     with socket.create_server(("", own)):
         code, checks = doctor(TF_CONFIG=tf_config)
     assert code == 1 and checks["ports"]["status"] == "problem"
-    assert f"this task's port {own} is taken" in checks["ports"]["detail"]
+    assert f"port {own} of task worker:0 is taken on this host" in checks["ports"]["detail"]
 
 
 def test_a_slurm_step_is_resolved_without_tf_config():

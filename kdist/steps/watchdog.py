@@ -44,16 +44,9 @@ _KEY = "kdist/watch/{task}"
 def settings(timeout=None, action=None) -> tuple[float | None, str]:
     """(timeout in seconds or None for the default rule, action), from the arguments or the
     environment; a bad value raises `UsageError` naming it."""
-    if timeout is None and os.environ.get(HANG_TIMEOUT_ENV, "").strip():
-        text = os.environ[HANG_TIMEOUT_ENV]
-        try:
-            timeout = float(text)
-        except ValueError:
-            timeout = float("nan")
-        if not 0 < timeout < float("inf"):
-            raise validators.UsageError(f"{HANG_TIMEOUT_ENV}={text!r}", "is not a duration",
-                                        "use a positive number of seconds")
-    elif timeout is not None:
+    if timeout is None:
+        timeout = validators.seconds_from_env(HANG_TIMEOUT_ENV)
+    else:
         validators.positive_number(timeout, "hang_timeout")
     action = action or os.environ.get(HANG_ACTION_ENV, "").strip() or "report"
     if action not in ACTIONS:
