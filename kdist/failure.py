@@ -12,7 +12,10 @@ writes a record (task, exception type and message, the end of the traceback, tim
   also fall back to the log's end for (``terminationMessagePolicy: FallbackToLogsOnError``).
 
 A task killed by a signal (SIGKILL, the out-of-memory killer) writes nothing: the launcher and the
-platform report the signal. Files are created without following a symlink and without widening
+platform report the signal. A task that `kdist launch` started (``KDIST_FAILURE_FILE`` set) also
+writes the Python stacks of all its threads to stderr on ``SIGUSR1`` (`faulthandler`, which works
+while the program is blocked in TensorFlow's native code): the launcher asks for them before it
+stops a job that ran past ``--timeout``, so a hang says where each task was. Files are created without following a symlink and without widening
 the process's umask (`kdist.safe_files`).
 
 >>> record = record_of(ValueError("bad shape"), task="worker:1")
@@ -22,13 +25,16 @@ the process's umask (`kdist.safe_files`).
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import signal
 import sys
 import time
 import traceback
 
 FILE_ENV = "KDIST_FAILURE_FILE"
+STACKS_SIGNAL = signal.SIGUSR1  # kdist.launch.group asks a launched task for its stacks with it
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
 _installed = False
@@ -43,11 +49,14 @@ def record_of(error: BaseException, task: str | None = None) -> dict:
 
 
 def install() -> None:
-    """Chains `sys.excepthook` with the record (once per process)."""
+    """Chains `sys.excepthook` with the record, and under `kdist launch` dumps the stacks on
+    `STACKS_SIGNAL` (once per process)."""
     global _installed
     if _installed:
         return
     _installed = True
+    if os.environ.get(FILE_ENV):
+        faulthandler.register(STACKS_SIGNAL, all_threads=True)
     previous = sys.excepthook
 
     def hook(kind, error, trace):

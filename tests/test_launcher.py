@@ -106,10 +106,17 @@ def test_a_failure_after_the_leader_succeeded_is_logged(tmp_path):
     assert "worker-1 exited with code 3 after the leader succeeded" in result.stdout
 
 
-def test_timeout_stops_everything_with_code_124(tmp_path):
-    result = launch(tmp_path, ["--workers", "2"], "*=sleep", extra=["--timeout", "2"])
-    # The suite scales `--timeout` with the machine's slowdown (conftest.run_python): 2s or more.
-    assert result.returncode == 124 and re.search(r"timed out after \d+s", result.stdout)
+def test_timeout_shows_where_each_task_hangs_then_stops_everything_with_code_124(tmp_path):
+    # worker 0 imported kdist: it answers with its stacks; worker 1 did not: it ends on the request
+    result = launch(tmp_path, ["--workers", "2"], "worker:0=hang", "*=sleep",
+                    extra=["--timeout", "5"])
+    # The suite scales `--timeout` with the machine's slowdown (conftest.run_python): 5s or more.
+    assert result.returncode == 124 and re.search(r"timed out after \d+s: every task's Python "
+                                                  r"stacks follow", result.stdout), result.stdout
+    stacks = [line for line in result.stdout.splitlines() if line.startswith("[worker-0] ")]
+    assert any("in waiting_for_a_peer_that_never_answers" in line for line in stacks), stacks
+    for task in ("worker-0", "worker-1"):
+        assert re.search(rf"{task}: stopped by kdist because the job timed out", result.stdout)
     assert_all_gone(tmp_path, ["worker:0", "worker:1"])
 
 

@@ -18,6 +18,7 @@ Output, line by line, prefixed ``[worker-1]``:
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import os
 import re
@@ -32,6 +33,8 @@ from kdist import exit_codes, safe_files
 LAST_LINES = 20
 PROGRESS_EVERY = 10.0  # seconds between two intermediate states of a progress bar
 FAILURE_ENV = "KDIST_FAILURE_FILE"  # kdist.failure.FILE_ENV (not imported: no TensorFlow here)
+STACKS_SIGNAL = signal.SIGUSR1  # kdist.failure.STACKS_SIGNAL: a task that imported kdist dumps
+STACKS_SECONDS = 2.0  # what the tasks get to write their stacks
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 _TF_NOISE = re.compile(
     r"^(WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
@@ -119,6 +122,17 @@ class TaskGroup:
             reader = threading.Thread(target=self._relay, args=(task,), daemon=True)
             reader.start()
             self._readers.append(reader)
+
+    def ask_for_stacks(self, tasks: list[TaskRun], because: str) -> None:
+        """Asks each running task for the Python stacks of its threads (`STACKS_SIGNAL`, which
+        a task that imported kdist answers on stderr) and gives them `STACKS_SECONDS`; a program
+        without kdist ends on the signal, recorded as stopped `because`."""
+        alive = [t for t in tasks if t.poll() is None]
+        for task in alive:
+            task.stopped_by = because
+            with contextlib.suppress(ProcessLookupError):
+                task.process.send_signal(STACKS_SIGNAL)
+        time.sleep(STACKS_SECONDS)
 
     def stop(self, tasks: list[TaskRun], because: str) -> None:
         """SIGTERM each task's process group, then SIGKILL what is left after `stop_timeout`;

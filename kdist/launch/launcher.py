@@ -6,7 +6,7 @@ prefixed with ``[worker-1]``, and its own process group. The launcher is a small
     RUNNING --leader exits 0--------------> FINISHING --rest exit or grace ends--> SUCCEEDED (0)
     RUNNING --a task fails----------------> FAILED    (that task's exit code, the rest killed)
     RUNNING --SIGINT/SIGTERM--------------> INTERRUPTED (128 + signal, every child stopped)
-    RUNNING --timeout---------------------> TIMED_OUT (124, every child stopped)
+    RUNNING --timeout---------------------> TIMED_OUT (124, every child's stacks, then stopped)
     FAILED  --restarts left---------------> RESTARTING --every task stopped--> RUNNING
     FAILED  --same task failed last time,-> RESTARTING without that task (--min-workers)
               more than min_workers left
@@ -309,7 +309,8 @@ class Launcher:
                 self.log(f"received {signal.Signals(self._signal).name}: stopping every task")
                 return Outcome(State.INTERRUPTED, exit_codes.SIGNAL_BASE + self._signal)
             if deadline is not None and time.monotonic() > deadline:
-                self.log(f"timed out after {self.timeout:g}s: stopping every task")
+                self.log(f"timed out after {self.timeout:g}s: every task's Python stacks follow, "
+                         "then every task is stopped")
                 return Outcome(State.TIMED_OUT, exit_codes.TIMED_OUT)
             if self.state is State.RUNNING:
                 self._report_tolerated_failures()
@@ -428,6 +429,8 @@ class Launcher:
         why = {State.INTERRUPTED: "the launcher received a signal",
                State.TIMED_OUT: f"the job timed out after {self.timeout:g} s"
                if self.timeout else "the job timed out"}.get(self.state, "the launcher ended")
+        if self.state is State.TIMED_OUT:  # where each task hangs, before it is gone
+            self.group.ask_for_stacks(self.tasks, because=why)
         self.group.stop(self.tasks, because=why)
         self.group.close()
 

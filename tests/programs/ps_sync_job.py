@@ -61,10 +61,12 @@ class StopWorker(keras.callbacks.Callback):
         process.send_signal(signal.SIGSTOP)
         before = int(self.model.optimizer.iterations.numpy())
 
-        def resume():
-            time.sleep(STOP_SECONDS)
-            self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
-            process.send_signal(signal.SIGCONT)
+        def resume():  # SIGCONT whatever happens: the epoch's end waits for worker 2's step
+            try:
+                time.sleep(STOP_SECONDS)
+                self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
+            finally:
+                process.send_signal(signal.SIGCONT)
 
         self.thread = threading.Thread(target=resume)
         self.thread.start()

@@ -3,7 +3,8 @@
 TASK is e.g. `worker:1` or `*`, optionally with `@R` to apply on restart R only (`worker:1@0`,
 from KDIST_RESTART_COUNT); ACTION is `exitN` (exit with code N), `exitN@S` (the same after S
 seconds), `sleep` (serve forever, like a ps), `print` (print TF_CONFIG and exit 0), `waitN` (sleep N
-seconds, exit 0), `raise` (import kdist, then end on an uncaught ValueError), `kill9` (SIGKILL
+seconds, exit 0), `raise` (import kdist, then end on an uncaught ValueError), `hang` (import
+kdist, then block forever in `waiting_for_a_peer_that_never_answers`), `kill9` (SIGKILL
 itself, as the out-of-memory killer would) or `chatter` (print TensorFlow's C++ start-up lines and
 a Keras progress bar, as a training task does, and exit 0). Writes its pid to PID_DIR/<task>.pid first; an exit or wait starts only once
 every task of the cluster has written its pid (so a test never races a task that has not
@@ -53,6 +54,14 @@ elif action == "raise":
 
     wait_for_every_task()
     raise ValueError("bad shape (3, 4) for the kernel")
+elif action == "hang":
+    import kdist  # noqa: F401,F811  (its stacks on the launcher's request)
+
+    def waiting_for_a_peer_that_never_answers():
+        while True:
+            time.sleep(1)
+
+    waiting_for_a_peer_that_never_answers()
 elif action == "kill9":
     import signal
 
