@@ -64,7 +64,7 @@ class NoticeClock:
     the CPU seconds of its watcher threads (`time.thread_time()` as each ends)."""
 
     def __init__(self):
-        from kdist import preemption
+        from kdist.fault_tolerance import preemption
 
         self.calls, self.seconds, self.watcher_cpu = 0, 0.0, []
         step_done, watch = preemption.PreemptionNotice.step_done, preemption.PreemptionNotice._watch
@@ -88,7 +88,7 @@ class NoticeClock:
 
     def take(self) -> dict:
         """Per step since the last take; waits for the watchers to see their fit has ended."""
-        from kdist import preemption
+        from kdist.fault_tolerance import preemption
 
         time.sleep(2.5 * preemption.POLL_MS / 1000)
         taken = {"steps": self.calls, "watchers": len(self.watcher_cpu),

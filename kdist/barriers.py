@@ -20,10 +20,9 @@ def barrier(strategy=None) -> None:
     other collectives (as with any collective). One process, or the chief of parameter-server
     training (the only task that runs the user's code): returns at once.
     """
-    from kdist.scope import current_strategy
-    from kdist.strategies import is_multi_worker
+    from kdist.strategies import is_multi_worker, registry
 
-    strategy = strategy if strategy is not None else current_strategy()
+    strategy = strategy if strategy is not None else registry.current()
     if not is_multi_worker(strategy):
         return
     import tensorflow as tf

@@ -15,15 +15,14 @@ same factor; a warm-up ramps it in for large global batches (Goyal et al., 2017)
 
 from __future__ import annotations
 
-from kdist import validators
-
 import keras
 
-from kdist.scope import current_strategy
+from kdist import validators
+from kdist.strategies import registry
 
 
 def _replicas(strategy) -> int:
-    return (strategy or current_strategy()).num_replicas_in_sync
+    return (strategy or registry.current()).num_replicas_in_sync
 
 
 def global_batch_size(per_replica: int, strategy=None) -> int:

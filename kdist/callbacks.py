@@ -2,12 +2,12 @@
 
 Keras 3's file-writing callbacks write from every worker to the same path. kdist fixes the stock
 classes themselves (`kdist.keras_seam.callbacks`), so the user's `keras.callbacks.ModelCheckpoint`,
-`TensorBoard`, `CSVLogger` and `BackupAndRestore` work unchanged under a multi-worker strategy:
-the chief writes the user's path, the other workers save into a private temporary directory that is
+`TensorBoard`, `CSVLogger` and `BackupAndRestore` work unchanged under a multi-worker strategy: the
+chief writes the user's path, the other workers save into a private temporary directory that is
 deleted right after. `kdist.callbacks.ModelCheckpoint` and `TensorBoard` are those same classes.
-`kdist.callbacks.BackupAndRestore` adds verified backups (`kdist.backup`), step-level and elastic
-resume and checkpoint-on-preemption; once kdist is imported, `keras.callbacks.BackupAndRestore(...)`
-builds it too.
+`kdist.callbacks.BackupAndRestore` adds verified backups (`kdist.fault_tolerance.backup`),
+step-level and elastic resume and checkpoint-on-preemption; once kdist is imported,
+`keras.callbacks.BackupAndRestore(...)` builds it too.
 
 >>> import kdist, keras
 >>> kdist.callbacks.ModelCheckpoint is keras.callbacks.ModelCheckpoint
@@ -25,12 +25,13 @@ import sys
 
 import keras
 
-from kdist import backup, elastic, exit_codes
+from kdist import exit_codes
+from kdist import model_state as states
 from kdist.barriers import barrier
+from kdist.fault_tolerance import backup, elastic
+from kdist.fault_tolerance.preemption import PreemptionNotice
 from kdist.keras_seam import keras_internals, patches
 from kdist.keras_seam.callbacks import cluster_of_model, is_chief, private_paths
-from kdist.preemption import PreemptionNotice
-from kdist.training import state as states
 from kdist.validators import UsageError
 
 patches.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
@@ -54,31 +55,32 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
     """`keras.callbacks.BackupAndRestore` with backups that cannot lie, multi-worker semantics,
     step-level and elastic resume, and checkpoint-on-preemption.
 
-    - Every save is one atomic, self-describing unit (`kdist.backup`): a new generation of
-      `backup_dir`, renamed into place once complete, with a manifest of its files' SHA-256, the
-      model's architecture, the position and the world. A restore verifies all of it first; a
-      damaged newest generation falls back to the previous one (the last two are kept, as Keras's
-      ``double_checkpoint=True`` keeps them, whatever `double_checkpoint` says) with a warning
-      naming both; anything else that cannot be restored as saved stops with `kdist.backup.
-      BackupError`, naming the path, what is wrong and the fix.
+    - Every save is one atomic, self-describing unit (`kdist.fault_tolerance.backup`): a new
+      generation of `backup_dir`, renamed into place once complete, with a manifest of its files'
+      SHA-256, the model's architecture, the position and the world. A restore verifies all of it
+      first; a damaged newest generation falls back to the previous one (the last two are kept, as
+      Keras's ``double_checkpoint=True`` keeps them, whatever `double_checkpoint` says) with a
+      warning naming both; anything else that cannot be restored as saved stops with
+      `kdist.fault_tolerance.backup.BackupError`, naming the path, what is wrong and the fix.
     - The chief owns `backup_dir`; every worker restores from it (so all resume from one state);
       only the chief writes it, and deletes it at the end (`delete_checkpoint`).
     - With ``save_freq=N`` (steps), a restarted `fit` resumes at the saved epoch *and step*: the
       steps already trained in that epoch are skipped (their batches are read and dropped), so at
       most N steps are redone. Keras 3 itself restarts the whole epoch.
-    - Elastic: the position is saved in examples, with the global batch, replicas and workers, so
-      a backup resumes on another number of workers: the epoch goes on after the same example,
-      and one line says which batch policy the script applied (`kdist.elastic`). Per-replica
+    - Elastic: the position is saved in examples, with the global batch, replicas and workers, so a
+      backup resumes on another number of workers: the epoch goes on after the same example, and one
+      line says which batch policy the script applied (`kdist.fault_tolerance.elastic`). Per-replica
       compression state (PowerSGD and TopK residuals, TopK momentum) is saved as its mean over the
       replicas and every new replica starts from it: the mean, which is what enters the averaged
       gradient, is unchanged. PowerSGD's Q is the same on every replica and carries over as is.
     - ``save_before_preemption=True``: on SIGTERM (a Kubernetes eviction, `kdist launch` stopping
       the job), every worker agrees at the next step boundary, the backup is saved and `fit` raises
       `Preempted`, exiting the process with code 75. Under MultiWorkerMirrored the notice and the
-      step to save at go through TF's coordination service (`kdist.preemption`): a step pays one
-      integer comparison, and the save comes at most 2 steps after the signal.
+      step to save at go through TF's coordination service (`kdist.fault_tolerance.preemption`): a
+      step pays one integer comparison, and the save comes at most 2 steps after the signal.
 
-    `restored` is the `kdist.backup.Unit` the last `fit` resumed from (None: it started afresh).
+    `restored` is the `kdist.fault_tolerance.backup.Unit` the last `fit` resumed from (None: it
+    started afresh).
 
     >>> import kdist
     >>> backup = kdist.callbacks.BackupAndRestore("backup", save_freq=50,

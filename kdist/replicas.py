@@ -27,6 +27,8 @@ import logging
 
 import keras
 
+from kdist import model_state as states
+
 logger = logging.getLogger("kdist")
 MODES = ("error", "warn", "off")
 
@@ -132,8 +134,6 @@ def _checksum_function(model, strategy, variables):
     """A tf.function returning, on every replica, the [replicas, variables, 2] checksums of all
     replicas (cached per model and variable list)."""
     import tensorflow as tf
-
-    from kdist.training import state as states
 
     cache = states.of(model).functions
     key = ("replica_checksums", tuple(id(v) for v in variables))

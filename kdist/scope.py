@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 
-from kdist import strategies
+from kdist import global_state, strategies
 from kdist.keras_seam import patches
 from kdist.cluster import cluster
 from kdist.validators import UsageError
@@ -22,9 +22,12 @@ from kdist.validators import UsageError
 logger = logging.getLogger("kdist")
 
 STRATEGY_ENV = "KDIST_STRATEGY"
-_built: dict = {}  # (name, options, cluster) -> strategy: entering again reuses the strategy
-_current = None  # the strategy of the last kdist.scope()/kdist.strategy() call
-_current_key = None  # and the (name, options, cluster) it was built for
+# Process state (kdist.global_state): the strategies built, by (name, options, cluster), reused when
+# entered again; the (name, options, cluster) of the current one (`kdist.strategies.registry`);
+# whether MultiWorkerMirrored was built ahead of the first op (below) and whether a strategy is
+# being built right now.
+BUILT, CURRENT_KEY, EAGER, BUILDING = ("scope.built", "scope.current_key", "scope.eager",
+                                       "scope.building")
 
 
 def strategy(strategy: str = "auto", **options):
@@ -37,10 +40,6 @@ def strategy(strategy: str = "auto", **options):
             collective_timeout, variable_partitioner).
     """
     return _build_or_reuse(strategy, options)
-
-
-_eager = False  # True once MultiWorkerMirrored was built ahead of the first op (see below)
-_building = False  # a strategy is being built right now
 
 
 def build_multi_worker_before_first_op() -> None:
@@ -56,22 +55,21 @@ def build_multi_worker_before_first_op() -> None:
     from kdist.keras_seam import tf_internals
 
     def build():
-        global _eager
-        if _current is None and not _building:
+        if global_state.get(CURRENT_KEY) is None and not global_state.get(BUILDING):
             _build_or_reuse("auto", {})
-            _eager = True
+            global_state.set(EAGER, True)
 
     # Already initialised: nothing to do, kdist.scope() will explain the ordering rule.
     tf_internals.run_before_first_op(build)
 
 
 def _build_or_reuse(requested: str, options: dict):
-    global _current, _current_key, _building
     name = _requested_name(requested)
     opts = strategies.StrategyOptions.from_kwargs(options)
     spec = cluster()
-    if name == "auto" and not options and _current_key is not None and _current_key[2] == spec:
-        return _current  # a bare scope() after kdist.strategy(...): the process's strategy
+    current_key = global_state.get(CURRENT_KEY)
+    if name == "auto" and not options and current_key is not None and current_key[2] == spec:
+        return strategies.registry.current()  # a bare scope() after kdist.strategy(...)
     if spec.has_ps and spec.task_type in ("ps", "worker"):
         from kdist.ps import serve
 
@@ -79,18 +77,21 @@ def _build_or_reuse(requested: str, options: dict):
     if name == "auto":
         name = strategies.choose(spec, opts, num_gpus=_num_gpus(), num_cpus=_num_logical_cpus())
     key = (name, opts, spec)
-    if key not in _built:
-        if _eager and name == "multi_worker":
+    built = global_state.get(BUILT) or {}
+    if key not in built:
+        if global_state.get(EAGER) and name == "multi_worker":
             raise RuntimeError(_rebuild_refused(options, spec))
-        _building = True  # TF's first op may run in here: it must not build another strategy
+        global_state.set(BUILDING, True)  # TF's first op may run in here: no second strategy
         try:
             patches.install()
-            _built[key] = strategies.build(name, spec, opts)
+            built[key] = strategies.build(name, spec, opts)
         finally:
-            _building = False
-        _log_choice(name, _built[key], spec, opts)
-    _current, _current_key = _built[key], key
-    return _current
+            global_state.set(BUILDING, False)
+        global_state.set(BUILT, built)
+        _log_choice(name, built[key], spec, opts)
+    global_state.set(CURRENT_KEY, key)
+    strategies.registry.make_current(built[key])
+    return built[key]
 
 
 def _rebuild_refused(options: dict, spec) -> str:
@@ -156,9 +157,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
 
 def current_strategy():
     """The strategy of the most recent `kdist.scope()`, else TensorFlow's current strategy."""
-    import tensorflow as tf
-
-    return _current if _current is not None else tf.distribute.get_strategy()
+    return strategies.registry.current()
 
 
 def _requested_name(argument: str) -> str:

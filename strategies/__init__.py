@@ -6,10 +6,9 @@
 'default'
 """
 
+from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 from kdist.strategies import default, mirrored, multi_worker, parameter_server, registry
-from kdist.strategies.multi_worker import is_multi_worker
 from kdist.strategies.options import StrategyOptions
-from kdist.strategies.parameter_server import is_parameter_server
 from kdist.strategies.registry import cluster_of
 
 _MODULES = {

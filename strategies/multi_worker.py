@@ -82,16 +82,6 @@ def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
                                                 heartbeat_timeout(dead_peer_timeout))
 
 
-def is_multi_worker(strategy) -> bool:
-    """True for a MultiWorkerMirroredStrategy that spans several processes."""
-    import tensorflow as tf
-
-    from kdist.keras_seam import tf_internals
-
-    return (isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
-            and tf_internals.in_multi_worker_mode(strategy))
-
-
 def heartbeat_timeout(dead_peer_timeout: float) -> float:
     """Seconds without a heartbeat after which the coordination service declares a task dead: 40%
     of the bound, leaving the rest for the error to abort the collectives, reach the user's code

@@ -21,9 +21,3 @@ def build(cluster, options: StrategyOptions):
     with startup.signals_kept():
         return tf.distribute.experimental.ParameterServerStrategy(
             cluster.resolver(), variable_partitioner=options.variable_partitioner)
-
-
-def is_parameter_server(strategy) -> bool:
-    import tensorflow as tf
-
-    return isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy)

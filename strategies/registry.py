@@ -1,5 +1,6 @@
-"""Which cluster a strategy was built for, so that callbacks and Keras hooks never re-read
-TF_CONFIG and leave strategies kdist did not build to Keras.
+"""Which cluster and options a strategy was built for, so that callbacks and Keras hooks never
+re-read TF_CONFIG and leave strategies kdist did not build to Keras; and which strategy
+`kdist.scope()` entered last. Kept in `kdist.global_state`.
 
 >>> import tensorflow as tf
 >>> from kdist.strategies import registry
@@ -9,24 +10,24 @@ True
 
 from __future__ import annotations
 
-import weakref
-
+from kdist import global_state
 from kdist.cluster.spec import ClusterSpec
+from kdist.keras_seam import strategy_kinds
 from kdist.strategies.options import StrategyOptions
 
-_specs: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
-_options: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+CURRENT = "strategies.current"  # kdist.global_state's name of the strategy last entered
 
 
 def remember(strategy, spec: ClusterSpec, options: StrategyOptions) -> None:
     """Records that kdist built `strategy` for `spec` with `options`."""
-    _specs[strategy] = spec
-    _options[strategy] = options
+    global_state.of_strategy(strategy).update(spec=spec, options=options)
 
 
 def options_of(strategy) -> StrategyOptions:
     """The options kdist built `strategy` with; the defaults for a strategy built by hand."""
-    return _options.get(strategy, StrategyOptions()) if strategy is not None else StrategyOptions()
+    if strategy is None:
+        return StrategyOptions()
+    return global_state.of_strategy(strategy).get("options", StrategyOptions())
 
 
 def cluster_of(strategy) -> ClusterSpec | None:
@@ -34,17 +35,19 @@ def cluster_of(strategy) -> ClusterSpec | None:
     parameter-server strategy built by hand, the cluster its own resolver describes; else None."""
     if strategy is None:
         return None
-    if strategy in _specs:
-        return _specs[strategy]
-    resolver = getattr(strategy, "cluster_resolver", None)
-    if resolver is None or not _is_multi_process(strategy):
-        return None
-    return ClusterSpec(resolver.cluster_spec().as_dict(), resolver.task_type, resolver.task_id,
-                       source=f"{type(strategy).__name__}.cluster_resolver")
+    spec = global_state.of_strategy(strategy).get("spec")
+    return spec if spec is not None else strategy_kinds.cluster_from_resolver(strategy)
 
 
-def _is_multi_process(strategy) -> bool:
-    from kdist.strategies.multi_worker import is_multi_worker
-    from kdist.strategies.parameter_server import is_parameter_server
+def make_current(strategy) -> None:
+    """`strategy` is the one `kdist.scope()` entered last (`current`)."""
+    global_state.set(CURRENT, strategy)
 
-    return is_multi_worker(strategy) or is_parameter_server(strategy)
+
+def current():
+    """The strategy of the most recent `kdist.scope()`/`kdist.strategy()`, else TensorFlow's
+    current strategy."""
+    import tensorflow as tf
+
+    strategy = global_state.get(CURRENT)
+    return strategy if strategy is not None else tf.distribute.get_strategy()

@@ -1,6 +1,6 @@
-"""Backups that cannot lie (`kdist.backup`, `kdist.callbacks.BackupAndRestore`), in one process:
-every damage a disk, a copy or a user can do to a backup ends in a verified fallback to the
-previous generation (a warning naming both paths, the previous state restored exactly) or in one
+"""Backups that cannot lie (`kdist.fault_tolerance.backup`, `kdist.callbacks.BackupAndRestore`), in
+one process: every damage a disk, a copy or a user can do to a backup ends in a verified fallback to
+the previous generation (a warning naming both paths, the previous state restored exactly) or in one
 error naming the path, what is wrong and the fix; never in a silent resume from other state.
 
 The damages are applied to whatever files the backup wrote (the newest weights file and the JSON
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist import backup
+from kdist.fault_tolerance import backup
 
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 

@@ -1,5 +1,5 @@
 """Elastic resume with real processes: a backup written by N MultiWorkerMirrored workers resumes
-on M (kdist.elastic); `kdist launch --min-workers` finishes a job on fewer workers.
+on M (kdist.fault_tolerance.elastic); `kdist launch --min-workers` finishes a job on fewer workers.
 
 Every job is tests/programs/fault_job.py with --count-examples: the labels carry each example's id
 and a metric counts, per epoch, how many times each example was in a trained batch. The first job
@@ -168,7 +168,7 @@ def test_min_workers_finishes_on_one_worker_when_the_other_dies_on_every_start(t
 
 
 # ---------------------------------------------------------------- the plan, without processes
-from kdist import elastic  # noqa: E402
+from kdist.fault_tolerance import elastic  # noqa: E402
 
 SAVED = {"epoch": 2, "step": 5, "examples": 320, "global_batch": 64, "replicas": 2, "workers": 2}
 

@@ -84,7 +84,7 @@ def test_sigterm_saves_on_every_worker_exits_75_and_the_restart_redoes_nothing(t
     step = int(saved[0].split(" step ")[1].split()[0])
     # The notice goes through the coordination service, with no collective per step to agree on
     # it. The signal comes after step 7 of epoch 1; the backup sees it at the end of step 8, and
-    # every worker saves at most 2 steps later (kdist.preemption.MARGIN).
+    # every worker saves at most 2 steps later (kdist.fault_tolerance.preemption.MARGIN).
     assert "at epoch 1 step" in saved[0] and 8 <= step <= 8 + 2, saved
     for task in ("worker:0", "worker:1"):
         second = [(s["epoch"], s["step"]) for s in steps(tmp_path, task) if s["restart"] == 1]
@@ -154,7 +154,7 @@ def test_twenty_mwms_runs_write_only_the_chiefs_checkpoints_and_every_file_loads
     # Every checkpoint loads, and every backup verifies (its files' SHA-256, the architecture)
     # and restores into its model.
     check = run_python(["-c", "import glob, sys, keras\n"
-                        "from kdist import backup\n"
+                        "from kdist.fault_tolerance import backup\n"
                         "models = sorted(glob.glob(sys.argv[1] + '/run-*/model-*.keras'))\n"
                         "for path in models:\n"
                         "    model = keras.saving.load_model(path)\n"

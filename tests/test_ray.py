@@ -112,14 +112,14 @@ def test_report_checkpoint_rejects_a_bad_frequency():
 
 
 def test_a_damaged_ray_checkpoint_is_refused_naming_it(ray_jobs, tmp_path):
-    """A Ray checkpoint is a `kdist.backup` unit: `ReportCheckpoint` verifies it before restoring
-    (`backup.verify`, the call its on_train_begin makes), so a damaged one stops the run with its
-    path instead of resuming from other state."""
+    """A Ray checkpoint is a `kdist.fault_tolerance.backup` unit: `ReportCheckpoint` verifies it
+    before restoring (`backup.verify`, the call its on_train_begin makes), so a damaged one stops
+    the run with its path instead of resuming from other state."""
     import shutil
 
     import keras
 
-    from kdist import backup
+    from kdist.fault_tolerance import backup
 
     out, report = ray_jobs
     saved = report["jobs"]["ray_only"]["checkpoints"][-1]["path"]

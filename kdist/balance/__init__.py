@@ -26,6 +26,7 @@ Traceback (most recent call last):
 kdist.validators.UsageError: balance: [3, 1] gives 2 shares for 1 replica. Fix: give one share per replica (replica_id_in_sync_group order), or balance="measure"
 """
 
+from kdist import model_state
 from kdist.balance.plan import Balance
 from kdist.balance.split import split_sizes
 
@@ -37,9 +38,7 @@ def shares_of(model) -> tuple[float, ...] | None:
     >>> shares_of(keras.Sequential()) is None
     True
     """
-    from kdist.training import state
-
-    return state.of(model).shares
+    return model_state.of(model).shares
 
 
 __all__ = ["Balance", "shares_of", "split_sizes"]

@@ -14,7 +14,7 @@ import contextvars
 from kdist.balance import split
 from kdist.balance.measure import measure_shares
 from kdist.keras_seam import keras_internals
-from kdist.training import state as states
+from kdist import model_state as states
 
 _pending = contextvars.ContextVar("kdist_balance_fit", default=None)
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import functools
 import os
 
+from kdist import global_state
+
 
 class Comm:
     """The collectives of the current replica context, batched over lists of tensors, and the
@@ -143,9 +145,6 @@ def ring_port() -> int:
     return int(text)
 
 
-_rings: dict = {}  # id(strategy) -> its _LazyRing
-
-
 def tcp_ring(strategy):
     """The TCP ring of a multi-worker strategy built with ``all_reduce="tcp"``, else None."""
     from kdist.strategies import cluster_of, is_multi_worker
@@ -154,10 +153,11 @@ def tcp_ring(strategy):
     options = options_of(strategy)
     if options.all_reduce != "tcp" or not is_multi_worker(strategy):
         return None
-    if id(strategy) not in _rings:
+    kept = global_state.of_strategy(strategy)
+    if "ring" not in kept:
         spec = cluster_of(strategy)
         tasks = [(t, i) for t, i in spec.tasks() if t in ("chief", "worker")]
         timeout = options.collective_timeout or options.dead_peer_timeout
-        _rings[id(strategy)] = _LazyRing(tasks.index((spec.task_type, spec.task_index)),
-                                         [spec.address(t, i) for t, i in tasks], timeout)
-    return _rings[id(strategy)]
+        kept["ring"] = _LazyRing(tasks.index((spec.task_type, spec.task_index)),
+                                 [spec.address(t, i) for t, i in tasks], timeout)
+    return kept["ring"]

@@ -13,13 +13,13 @@ from __future__ import annotations
 
 import math
 
+from kdist.model_state import exchange_of
+
 
 def stats(model, compressing: bool = True) -> dict:
     """Nominal bytes one replica sends per optimizer step (a micro-step when aggregate_every > 1)
     once compression has started, and the ratio to plain float32 all-reduce every step
     (collective algorithm and framing not included)."""
-    from kdist.training.state import exchange_of
-
     exchange = exchange_of(model)
     compressor = exchange.compressor if exchange is not None and compressing else None
     every = exchange.aggregate_every if exchange is not None else 1

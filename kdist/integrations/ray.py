@@ -6,13 +6,13 @@ world rank), so ``kdist.scope()`` picks MultiWorkerMirrored there as under any l
 user expects of a Keras job:
 
 - every epoch's metrics go to ``ray.train.report`` (all workers call it, as Ray requires), with a
-  checkpoint from the chief (rank 0) only: a `kdist.backup` unit (the model's weights, optimizer
-  and compression state in ``model.weights.h5``, and a manifest with their SHA-256, the
-  architecture and the next epoch). Every worker saves (the compression state is all-reduced as
-  it is saved); the others' copies are deleted;
+  checkpoint from the chief (rank 0) only: a `kdist.fault_tolerance.backup` unit (the model's
+  weights, optimizer and compression state in ``model.weights.h5``, and a manifest with their
+  SHA-256, the architecture and the next epoch). Every worker saves (the compression state is
+  all-reduced as it is saved); the others' copies are deleted;
 - at the start of `fit`, a restarted run (``FailureConfig(max_failures=...)``) resumes from
   ``ray.train.get_checkpoint()``, verified first (a damaged checkpoint or one of another model
-  raises `kdist.backup.BackupError`): weights, optimizer and epoch.
+  raises `kdist.fault_tolerance.backup.BackupError`): weights, optimizer and epoch.
 
 For step-level resume add kdist's `BackupAndRestore` with a ``backup_dir`` every worker can read,
 *after* `ReportCheckpoint` in the callbacks: it restores later in `on_train_begin`, so its backup,
@@ -40,7 +40,7 @@ import tempfile
 
 import keras
 
-from kdist import backup
+from kdist.fault_tolerance import backup
 from kdist.keras_seam import keras_internals
 
 

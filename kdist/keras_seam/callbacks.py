@@ -14,8 +14,9 @@ covers the rest of the MWMS path). The fix, on the stock classes so that the use
 - `BackupAndRestore` restores every worker from the chief's backup, and only the chief repairs or
   deletes it.
 
-Which task is the chief comes from the model's strategy (`kdist.strategies.cluster_of`), never from
-TF_CONFIG: a model outside any multi-worker strategy is its own chief, and nothing changes for it.
+Which task is the chief comes from the model's strategy (the hook `cluster_of`: the spec kdist built
+it for), never from TF_CONFIG: a model outside any multi-worker strategy is its own chief, and
+nothing changes for it.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import tempfile
 
 from kdist.cluster.spec import ClusterSpec
 from kdist.keras_seam import keras_internals
+from kdist.keras_seam.hooks import connected
 from kdist.keras_seam.registry import Target
 
 BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev_weights_path",
@@ -36,9 +38,7 @@ BACKUP_PATHS = ("backup_dir", "_weights_path", "_training_metadata_path", "_prev
 
 def cluster_of_model(model) -> ClusterSpec:
     """The cluster `model` trains on, from its strategy; a single process when it has none."""
-    from kdist.strategies import cluster_of
-
-    spec = cluster_of(keras_internals.strategy_of(model))
+    spec = connected().cluster_of(keras_internals.strategy_of(model))
     return spec if spec is not None else ClusterSpec({})
 
 

@@ -15,8 +15,9 @@ import zlib
 
 from kdist.keras_seam import keras_internals, one_device, versions
 from kdist.keras_seam.callbacks import FILE_CALLBACKS
+from kdist.keras_seam.hooks import connected
 from kdist.keras_seam.registry import FIX, Patch, Target
-from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
+from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,7 +117,7 @@ def _consistent_array_shuffle(original):
         adapter = self.data_adapter
         if (isinstance(adapter, classes.resolve("ArrayDataAdapter")) and adapter._shuffle
                 and is_multi_worker(distribute_strategy)):
-            seed = _shared_shuffle_seed(cluster_of(distribute_strategy))
+            seed = _shared_shuffle_seed(connected().cluster_of(distribute_strategy))
             self._distributed_dataset = distribute_strategy.experimental_distribute_dataset(
                 _consistently_shuffled_dataset(adapter, seed))
 

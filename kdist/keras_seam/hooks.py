@@ -56,6 +56,13 @@ class Hooks:
         """The device a new optimizer slot of `reference_variable` goes to (None: Keras's)."""
         return None
 
+    def cluster_of(self, strategy):
+        """The cluster (`kdist.ClusterSpec`) `strategy` runs on, or None: one process. Keras
+        knows none; the default reads a multi-worker or parameter-server strategy's resolver."""
+        from kdist.keras_seam.strategy_kinds import cluster_from_resolver
+
+        return cluster_from_resolver(strategy)
+
     def backup_class(self):
         """The class `keras.callbacks.BackupAndRestore(...)` builds (None: Keras's own)."""
         return None

@@ -42,7 +42,7 @@ import threading
 
 from kdist.keras_seam import versions
 from kdist.keras_seam.hooks import connected
-from kdist.strategies import is_parameter_server
+from kdist.keras_seam.strategy_kinds import is_parameter_server
 
 
 def sums_replicas() -> bool:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import importlib
 
+from kdist import global_state
+
 
 # ------------------------------------------------------------------ the eager runtime
 def runtime_started() -> bool:
@@ -150,9 +152,6 @@ def colocated_with_device(device: str):
     return _Devices(canonical_device(device))
 
 
-_launchers: dict = {}  # (id(strategy), device) -> the device's collective launcher
-
-
 def device_group_all_reduce(tensors: list, device: str, strategy) -> list:
     """Sums `tensors` (on `device`) over the workers of a multi-worker strategy, in `device`'s
     own collective group: the group the strategy broadcast that device's variables' initial
@@ -161,18 +160,18 @@ def device_group_all_reduce(tensors: list, device: str, strategy) -> list:
     from tensorflow.python.distribute import cross_device_utils
 
     extended = strategy.extended
-    key = (id(strategy), device)
-    if key not in _launchers:
+    launchers = global_state.of_strategy(strategy).setdefault("launchers", {})  # device -> it
+    if device not in launchers:
         collective_keys = extended._collective_keys
-        _launchers[key] = cross_device_utils.CollectiveReplicaLauncher(
+        launchers[device] = cross_device_utils.CollectiveReplicaLauncher(
             collective_keys.get_group_key([device]), extended._num_workers, collective_keys,
             device, extended._communication_options)
-    return _launchers[key].batch_all_reduce([list(tensors)])
+    return launchers[device].batch_all_reduce([list(tensors)])
 
 
 def device_groups_used(strategy) -> list[str]:
     """The devices whose own collective group has summed tensors under `strategy` so far."""
-    return sorted(device for (owner, device) in _launchers if owner == id(strategy))
+    return sorted(global_state.of_strategy(strategy).get("launchers", {}))
 
 
 def is_sharded_variable(value) -> bool:
@@ -190,3 +189,20 @@ def skip_remote_function_removal() -> None:
     from tensorflow.python.eager import context
 
     context.context().remove_function = lambda name: None
+
+
+# ------------------------------------------------------------------ tf.data
+def batch_size_upstream(dataset) -> int | None:
+    """The batch size of the `batch` step of a dataset pipeline (`.batch(n).map(...).prefetch()`),
+    walking up through its input datasets; None when there is none. tf.data has no public
+    accessor: a batch without `drop_remainder` leaves the element spec's first dimension None, and
+    the size is only in the private `_batch_size` of the batch dataset, `_input_dataset` its
+    parent."""
+    import tensorflow as tf
+
+    while dataset is not None:
+        size = getattr(dataset, "_batch_size", None)
+        if size is not None:
+            return int(tf.get_static_value(size))
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None

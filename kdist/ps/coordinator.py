@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 
+from kdist import global_state, model_state
 from kdist.keras_seam import keras_internals
 
 
@@ -17,25 +18,20 @@ class ParameterServerFailure(RuntimeError):
     """A parameter server was lost during training; the variables it held are gone."""
 
 
-_coordinators: dict = {}
-
-
 def coordinator(strategy):
     """The one ClusterCoordinator of `strategy` (TF allows only one per strategy)."""
     import tensorflow as tf
 
-    if id(strategy) not in _coordinators:
-        _coordinators[id(strategy)] = tf.distribute.experimental.coordinator.ClusterCoordinator(
-            strategy)
-    return _coordinators[id(strategy)]
+    kept = global_state.of_strategy(strategy)
+    if "coordinator" not in kept:
+        kept["coordinator"] = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    return kept["coordinator"]
 
 
 def cached_function(model, name, make):
     """`make()`'s tf.function, traced once per model compilation (a recompiled model gets new ones,
     as Keras resets its own train/test functions in compile())."""
-    from kdist.training import state
-
-    cache = state.of(model).functions
+    cache = model_state.of(model).functions
     key = (name, *keras_internals.compilation(model))
     if key not in cache:
         cache[key] = make()

@@ -33,6 +33,7 @@ import dataclasses
 import weakref
 
 from kdist import validators
+from kdist import model_state as states
 
 KINDS = ("async", "ksync", "kbatch", "stale")
 HISTOGRAM_BUCKETS = 8  # staleness 0..6, and 7 or more
@@ -82,9 +83,7 @@ class SyncMode:
 
 def mode_of(model) -> SyncMode:
     """The synchronisation a model was compiled with (`kdist.scope(ps_sync=...)`)."""
-    from kdist.training import state
-
-    options = state.of(model).options
+    options = states.of(model).options
     return options.ps_sync if options is not None else SyncMode("async")
 
 
@@ -248,8 +247,6 @@ def stats(model) -> dict:
     with `ps_sync` other than async: mode, updates, gradients applied and dropped, mean
     staleness, the staleness histogram (buckets 0..6 and 7+) and the gradients each worker
     contributed."""
-    from kdist.training import state as states
-
     state = states.of(model).sync
     if state is None:
         raise ValueError("no synchronisation figures: the model was not trained by kdist under "

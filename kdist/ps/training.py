@@ -38,7 +38,7 @@ from kdist.ps import evaluation, sync
 from kdist.ps.coordinator import (ParameterServerFailure, cached_function, coordinator,
                                   join_scheduled, num_workers)
 from kdist.strategies.registry import options_of
-from kdist.training import state as states
+from kdist import model_state as states
 
 
 # ------------------------------------------------------------------------------------- fit

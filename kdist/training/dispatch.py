@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import logging
 
+from kdist import model_state as states
+
 logger = logging.getLogger("kdist")
 
 FIT_INPUT = ("x", "y", "sample_weight", "batch_size")  # ModelState.fit_input during a fit
@@ -34,7 +36,6 @@ def dispatch(name: str, original, arguments):
     from kdist.exchange.phases import PhaseCallback
     from kdist.keras_seam import keras_internals
     from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
-    from kdist.training import state as states
     from kdist.training.options import TrainingOptions
 
     model = arguments.arguments["self"]
@@ -126,7 +127,6 @@ def _warn_custom_step_unscaled(model, replicas: int) -> None:
     import keras
 
     from kdist.keras_seam import versions
-    from kdist.training import state as states
 
     state = states.of(model)
     if versions.version(keras.__version__) >= (3, 8, 0) or state.warned_unscaled_step or \

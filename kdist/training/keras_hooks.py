@@ -2,6 +2,8 @@
 
 `import kdist` connects one instance. Every method leaves objects kdist is not responsible for to
 Keras: a model compiled outside `kdist.scope(...)` options, an optimizer with no exchange bound.
+The engines are imported inside the methods: `import kdist` (the command line's side) never
+imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 
+from kdist import model_state as states
 from kdist.keras_seam.hooks import Hooks
 
 logger = logging.getLogger("kdist")
@@ -28,7 +31,6 @@ class KdistHooks(Hooks):
         from kdist.exchange import Exchange, weights
         from kdist.keras_seam import keras_internals
         from kdist.training import options as training_options
-        from kdist.training import state as states
 
         options = training_options.active()
         if options.balance is not None and model.distribute_strategy.num_replicas_in_sync == 1:
@@ -57,9 +59,7 @@ class KdistHooks(Hooks):
         fitting.after_symbolic_build(model, epoch_iterator)
 
     def optimizer_built(self, optimizer, variables) -> None:
-        from kdist.training.state import exchange_of
-
-        exchange = exchange_of(optimizer)
+        exchange = states.exchange_of(optimizer)
         if exchange is not None:
             exchange.create_state(variables)
 
@@ -80,8 +80,6 @@ class KdistHooks(Hooks):
         from kdist.layers import placement
         from kdist.ps import sync
         from kdist.steps import clock
-        from kdist.training.state import exchange_of
-
         if sync.applying(optimizer):  # one replica per worker: nothing to exchange
             return list(grads_and_vars)
         context = tf.distribute.get_replica_context()
@@ -91,7 +89,7 @@ class KdistHooks(Hooks):
         timed = clock.tracing_watched()  # a watched fit is tracing its step (kdist.steps)
         if timed:
             clock.reading([g for g, _ in grads_and_vars], "gradients")
-        exchange = exchange_of(optimizer)
+        exchange = states.exchange_of(optimizer)
         if exchange is not None:
             summed = exchange.exchange(grads_and_vars, context)
         elif tcp_ring(context.strategy) is not None or placement.own_group_devices(
@@ -104,25 +102,19 @@ class KdistHooks(Hooks):
         return summed
 
     def update_step(self, optimizer, grads, variables, learning_rate, original):
-        from kdist.training.state import exchange_of
-
-        exchange = exchange_of(optimizer)
+        exchange = states.exchange_of(optimizer)
         if exchange is None:
             return original(optimizer, grads, variables, learning_rate)
         return exchange.update_step(grads, variables, learning_rate, original)
 
     def apply_weight_decay(self, optimizer, variables, original):
-        from kdist.training.state import exchange_of
-
-        exchange = exchange_of(optimizer)
+        exchange = states.exchange_of(optimizer)
         if exchange is None:
             return original(optimizer, variables)
         return exchange.apply_weight_decay(variables, original)
 
     def accumulation_phase(self, optimizer):
-        from kdist.training.state import exchange_of
-
-        exchange = exchange_of(optimizer)
+        exchange = states.exchange_of(optimizer)
         if exchange is None or not exchange.keras_accumulation:
             return None
         return exchange.phase.accumulate
@@ -131,6 +123,11 @@ class KdistHooks(Hooks):
         from kdist.layers import placement
 
         return placement.slot_device(reference_variable)
+
+    def cluster_of(self, strategy):
+        from kdist.strategies import cluster_of
+
+        return cluster_of(strategy)
 
     def backup_class(self):
         from kdist.callbacks import BackupAndRestore

@@ -2,7 +2,7 @@
 
 One object holds every training option of a scope, parsed from strings or objects, validated once
 against the strategy the scope enters (`checked_for`), and bound to each model compiled inside the
-block (`kdist.training.state`):
+block (`kdist.model_state`):
 
 - ``compression``: ``None``, a name (``"fp16"``, ``"bf16"``, ``"powersgd:4"``, ``"topk:0.01"``,
   ``"none"``) or a `kdist.compression.Compressor`;

@@ -77,7 +77,8 @@ class Unit:
 
     @property
     def metadata(self) -> dict:
-        """The position and the world that wrote it (`kdist.elastic.resume_plan` reads it)."""
+        """The position and the world that wrote it (`kdist.fault_tolerance.elastic.resume_plan`
+        reads it)."""
         return {k: self.manifest[k] for k in _POSITION + _WORLD if self.manifest.get(k) is not None}
 
     def restore(self, model) -> None:

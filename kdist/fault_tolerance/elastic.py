@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from kdist.keras_seam import tf_internals
+
 
 @dataclasses.dataclass(frozen=True)
 class Shape:
@@ -168,9 +170,4 @@ def _dataset_batch(dataset) -> int | None:
     leaves = tf.nest.flatten(dataset.element_spec)
     if leaves and leaves[0].shape.rank and leaves[0].shape[0] is not None:
         return int(leaves[0].shape[0])  # batched with drop_remainder=True
-    while dataset is not None:  # .batch(n).map(...).prefetch(...): find the batch step
-        size = getattr(dataset, "_batch_size", None)
-        if size is not None:
-            return int(tf.get_static_value(size))
-        dataset = getattr(dataset, "_input_dataset", None)
-    return None
+    return tf_internals.batch_size_upstream(dataset)  # .batch(n).map(...): the batch step's
