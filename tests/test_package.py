@@ -92,7 +92,7 @@ sys.meta_path.insert(0, Block())
 
 def test_the_command_line_side_never_imports_tensorflow(tmp_path):
     names = [m for m in source_modules() if m.startswith(TF_FREE) and
-             (m in TF_FREE or m.split(".")[1] in ("cluster", "launch", "k8s"))]
+             (m in TF_FREE or m.split(".")[1] in ("cli", "cluster", "launch", "k8s"))]
     code = BLOCK_TF + f"""
 import importlib
 for name in {names!r}:

@@ -1,0 +1,87 @@
+"""What `kdist plan` measures on this machine: t1 (a training step of the user's model on one
+replica) and the host cost of a real all-reduce (two workers on the loopback)."""
+
+from __future__ import annotations
+
+import os
+import time
+
+
+def measure_host_cost(payload: int, timeout: float = 300) -> float:
+    """Seconds per byte a real all-reduce costs this machine's CPUs when the wire is free: two
+    MultiWorkerMirrored workers on the loopback (`kdist launch`) all-reduce `payload` bytes."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as scratch:
+        out = os.path.join(scratch, "host_cost.json")
+        code = f"from kdist.planner.measure import _host_cost_task; _host_cost_task({payload}, {out!r})"
+        subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout",
+                        str(timeout), "--", sys.executable, "-c", code], check=True,
+                       timeout=timeout + 30,  # the launcher stops its tasks within that
+                       stdout=subprocess.DEVNULL, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        with open(out) as f:
+            seconds = json.load(f)["seconds"]
+    return seconds / payload  # n = 2: each worker moves 2(n-1)/n x payload = payload bytes
+
+
+def _host_cost_task(payload: int, out: str, repeats: int = 20) -> None:
+    import json
+
+    import kdist
+
+    strategy = kdist.strategy("multi_worker")
+    import tensorflow as tf
+
+    values = tf.ones([payload // 4])
+
+    @tf.function
+    def all_reduce():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("SUM", values))
+
+    for _ in range(3):
+        all_reduce()
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        float(strategy.experimental_local_results(all_reduce())[0][0])
+        timings.append(time.perf_counter() - started)
+    if kdist.cluster().is_chief:
+        with open(out, "w") as f:
+            json.dump({"seconds": sorted(timings)[len(timings) // 2]}, f)
+
+
+def measure_compute_time(model_fn, per_replica_batch: int, steps: int = 8, repeats: int = 5) -> float:
+    """t1: seconds of one training step of `model_fn()` on one replica of this machine (the best
+    of `repeats` averages over `steps` steps, so that noise from other processes is left out)."""
+    return measure_compute(model_fn, per_replica_batch, steps, repeats)[0]
+
+
+def measure_compute(model_fn, per_replica_batch: int, steps: int = 8,
+                    repeats: int = 5) -> tuple[float, float]:
+    """(t1, spread): `measure_compute_time`'s best, and (slowest - best) / best of its repeats."""
+    import keras
+    import numpy as np
+
+    model = model_fn()
+    if not model.compiled:
+        model.compile("sgd", "mse")
+    rng = np.random.default_rng(0)
+    x = [rng.normal(size=(per_replica_batch, *i.shape[1:])).astype("float32") for i in model.inputs]
+    y = [rng.normal(size=(per_replica_batch, *o.shape[1:])).astype("float32")
+         for o in model.outputs]
+    if isinstance(model.loss, str) and "sparse" in model.loss or \
+            isinstance(model.loss, keras.losses.SparseCategoricalCrossentropy):
+        y = [rng.integers(0, o.shape[-1], size=(per_replica_batch,)) for o in model.outputs]
+    x, y = (x[0] if len(x) == 1 else x), (y[0] if len(y) == 1 else y)
+    for _ in range(3):  # trace and warm up
+        model.train_on_batch(x, y)
+    timings = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        for _ in range(steps):
+            model.train_on_batch(x, y)
+        timings.append((time.perf_counter() - started) / steps)
+    return min(timings), (max(timings) - min(timings)) / min(timings)
