@@ -12,6 +12,8 @@ Put a barrier between the save and the load:
 
 from __future__ import annotations
 
+from kdist.strategies import is_multi_worker, registry
+
 
 def barrier(strategy=None) -> None:
     """Returns when every worker of `strategy` (default: the current kdist strategy) has called it.
@@ -20,8 +22,6 @@ def barrier(strategy=None) -> None:
     other collectives (as with any collective). One process, or the chief of parameter-server
     training (the only task that runs the user's code): returns at once.
     """
-    from kdist.strategies import is_multi_worker, registry
-
     strategy = strategy if strategy is not None else registry.current()
     if not is_multi_worker(strategy):
         return

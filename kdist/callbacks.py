@@ -32,6 +32,8 @@ from kdist.fault_tolerance import backup, elastic
 from kdist.fault_tolerance.preemption import PreemptionNotice
 from kdist.keras_seam import keras_internals, patches
 from kdist.keras_seam.callbacks import cluster_of_model, is_chief, private_paths
+from kdist.ps.coordinator import join_scheduled
+from kdist.strategies import is_parameter_server
 from kdist.validators import UsageError
 
 patches.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
@@ -217,11 +219,7 @@ class BackupAndRestore(keras.callbacks.BackupAndRestore):
 def _finish_scheduled_steps(model) -> None:
     """Under ParameterServer the chief's loop schedules steps ahead of the workers: wait until
     every scheduled step is applied, so the backup holds each step it counts."""
-    from kdist.strategies import is_parameter_server
-
     if is_parameter_server(model.distribute_strategy):
-        from kdist.ps.coordinator import join_scheduled
-
         join_scheduled(model.distribute_strategy)
 
 

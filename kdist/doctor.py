@@ -27,6 +27,15 @@ import os
 import sys
 import tempfile
 
+from kdist import startup
+from kdist.cluster import environment, slurm
+from kdist.cluster.spec import ClusterSpecError
+from kdist.cluster.spec_file import load_spec
+from kdist.keras_seam.doctor import report
+from kdist.launch.group import is_tf_noise
+from kdist.launch.hosts import host_of
+from kdist.validators import UsageError
+
 OK, WARNING, PROBLEM = "ok", "warning", "problem"
 PROBE_SECONDS = 2.0
 
@@ -48,9 +57,6 @@ class Check:
 def cluster_checks(probe: bool = True) -> list[Check]:
     """The cluster this process's environment describes (as `kdist.cluster()` reads it), and with
     `probe` its ports."""
-    from kdist.cluster import environment, slurm
-    from kdist.validators import UsageError
-
     try:
         spec = environment.cluster()
     except UsageError as err:  # ClusterSpecError, and what the Slurm reader raises
@@ -70,10 +76,6 @@ def cluster_checks(probe: bool = True) -> list[Check]:
 def port_checks(spec) -> list[Check]:
     """This task's port is free; every peer's port answers (probed in parallel), as at start-up
     (`kdist.startup.hold_port`, `kdist.startup.probe`)."""
-    from kdist import startup
-    from kdist.launch.hosts import host_of
-    from kdist.validators import UsageError
-
     checks = []
     if spec.task_type in spec.jobs:
         try:
@@ -98,9 +100,6 @@ def port_checks(spec) -> list[Check]:
 
 
 def spec_checks(path: str) -> list[Check]:
-    from kdist.cluster.spec import ClusterSpecError
-    from kdist.cluster.spec_file import load_spec
-
     try:
         spec = load_spec(path)
     except ClusterSpecError as err:
@@ -112,8 +111,6 @@ def spec_checks(path: str) -> list[Check]:
 def stack_checks(tf_logs: bool = False) -> list[Check]:
     """TensorFlow/Keras versions and kdist's workarounds, then the GPU stack; TensorFlow's C++
     start-up logging is left out unless `tf_logs`."""
-    from kdist.keras_seam.doctor import report
-
     with _without_tf_logs(enabled=not tf_logs):
         lines, supported = report()
     checks = [Check("versions", OK if supported else PROBLEM, lines[0] + "; " + lines[2].removeprefix(
@@ -153,7 +150,6 @@ def _without_tf_logs(enabled: bool):
     if not enabled:
         yield
         return
-    from kdist.launch.group import is_tf_noise
 
     sys.stderr.flush()
     saved = os.dup(2)

@@ -33,6 +33,9 @@ import sys
 import time
 import traceback
 
+from kdist import safe_files
+from kdist.cluster import cluster
+
 FILE_ENV = "KDIST_FAILURE_FILE"
 STACKS_SIGNAL = signal.SIGUSR1  # kdist.launch.group asks a launched task for its stacks with it
 TERMINATION_LOG = "/dev/termination-log"
@@ -73,8 +76,6 @@ def install() -> None:
 def write(record: dict) -> None:
     """The record's line on stderr, its JSON to KDIST_FAILURE_FILE, its text to the termination
     log where there is one."""
-    from kdist import safe_files
-
     line = f"kdist: task {record['task']} failed: {record['type']}: {record['message']}"
     print(line.splitlines()[0][:1000], file=sys.stderr, flush=True)
     path = os.environ.get(FILE_ENV)
@@ -88,8 +89,6 @@ def write(record: dict) -> None:
 
 def _task() -> str:
     try:
-        from kdist.cluster import cluster
-
         return cluster().task or "local"
     except Exception:  # noqa: BLE001 (a bad TF_CONFIG is the error being reported, maybe)
         return "local"

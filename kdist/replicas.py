@@ -28,6 +28,8 @@ import logging
 import keras
 
 from kdist import model_state as states
+from kdist.keras_seam import keras_internals, tf_internals
+from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
 
 logger = logging.getLogger("kdist")
 MODES = ("error", "warn", "off")
@@ -102,16 +104,12 @@ class ReplicaCheck(keras.callbacks.Callback):
 
 def compares(strategy) -> bool:
     """Whether `strategy` keeps several synchronous copies of each variable."""
-    from kdist.strategies import is_parameter_server
-
     return strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy)
 
 
 def checked_variables(model) -> list:
     """The model's variables and its optimizer's that every replica must hold identically."""
     import tensorflow as tf
-
-    from kdist.keras_seam import keras_internals
 
     optimizer = getattr(model, "optimizer", None)
     per_replica = set()
@@ -209,9 +207,6 @@ def _differences(strategy, variables, checksums) -> list[Difference]:
 def replica_names(strategy) -> list[str]:
     """'replica R (task)' for each replica of a multi-worker strategy, 'replica R (device)'
     within one process."""
-    from kdist.keras_seam import tf_internals
-    from kdist.strategies import cluster_of, is_multi_worker
-
     replicas = strategy.num_replicas_in_sync
     if is_multi_worker(strategy):
         spec = cluster_of(strategy)

@@ -15,9 +15,13 @@ import logging
 import os
 
 from kdist import global_state, strategies
-from kdist.keras_seam import patches
 from kdist.cluster import cluster
+from kdist.keras_seam import patches, tf_internals
+from kdist.ps.serve import serve
 from kdist.validators import UsageError
+
+# Imported inside functions: the training options and the exchange, which `import kdist` must not
+# load (their engines import TensorFlow).
 
 logger = logging.getLogger("kdist")
 
@@ -52,8 +56,6 @@ def build_multi_worker_before_first_op() -> None:
     (`split_cpu`, memory growth), and a later `kdist.scope()` enters it. A script that calls
     `kdist.strategy(...)` / `kdist.scope(...)` before any op builds it itself, options included.
     """
-    from kdist.keras_seam import tf_internals
-
     def build():
         if global_state.get(CURRENT_KEY) is None and not global_state.get(BUILDING):
             _build_or_reuse("auto", {})
@@ -71,8 +73,6 @@ def _build_or_reuse(requested: str, options: dict):
     if name == "auto" and not options and current_key is not None and current_key[2] == spec:
         return strategies.registry.current()  # a bare scope() after kdist.strategy(...)
     if spec.has_ps and spec.task_type in ("ps", "worker"):
-        from kdist.ps import serve
-
         serve(spec)  # a ps/worker task of parameter-server training: serves, then exits the process
     if name == "auto":
         name = strategies.choose(spec, opts, num_gpus=_num_gpus(), num_cpus=_num_logical_cpus())

@@ -1,6 +1,7 @@
 """MultiWorkerMirroredStrategy: synchronous data parallelism across worker processes (collectives)."""
 
 from kdist import startup
+from kdist.keras_seam import tf_internals
 from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout",
@@ -20,7 +21,6 @@ def build(cluster, options: StrategyOptions):
     # MWMS replicates over as many GPUs as the resolver counts (every local one by default).
     gpus = None if options.devices is None else replica_gpus(options.devices)
     resolver = cluster.resolver(num_gpus=gpus)
-    from kdist.keras_seam import tf_internals
 
     if tf_internals.runtime_started():  # before waiting for anyone: TF would refuse anyway
         raise RuntimeError(ORDERING_RULE)
@@ -74,8 +74,6 @@ def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
     runs (the default), and detects a dead or hung peer by the service's heartbeat alone (10 s by
     default). MWMS configures the service only when nobody has, so kdist configures it first.
     """
-    from kdist.keras_seam import tf_internals
-
     if cluster.task_type not in ("chief", "worker"):
         return
     tf_internals.configure_coordination_service(cluster.resolver().cluster_spec(),

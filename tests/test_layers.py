@@ -1,11 +1,14 @@
 """The layers of docs/design.md, enforced: every import between kdist's parts (inside functions
 included) points to the part's own layer or one below, and no two parts import each other, directly
-or through others. The layer list is read from the page, so the page and the code cannot drift."""
+or through others. The layer list is read from the page, so the page and the code cannot drift.
+An import between parts inside a function is there only to keep a module out of `import kdist`
+and the command line's start, and says so."""
 
+import ast
 import os
 import re
 
-from conftest import ROOT
+from conftest import ROOT, run_python
 from test_package import imports_of, source_modules
 
 DESIGN = os.path.join(ROOT, "docs", "design.md")
@@ -101,3 +104,53 @@ def test_the_cycle_check_sees_a_cycle():
     graph = {"scope": {"training": ["x"]}, "training": {"scope": ["y"]}, "validators": {}}
     assert cycles(graph) == [["scope", "training"]]
     assert cycles({"a": {"b": []}, "b": {}}) == []
+
+
+def loaded_at_start() -> set[str]:
+    """The kdist modules `import kdist` and the command line's start load."""
+    result = run_python(["-c", "import sys, kdist, kdist.cli; "
+                         "print(' '.join(m for m in sys.modules if m.startswith('kdist')))"],
+                        timeout=60)
+    assert result.returncode == 0, result.stderr
+    return set(result.stdout.split())
+
+
+def imports_inside_functions(module: str, path: str) -> list[tuple[int, list[str]]]:
+    """(line, [imported kdist module of another part]) of each import inside a function."""
+    known = source_modules()
+    found = []
+    for function in ast.walk(ast.parse(open(path, encoding="utf-8").read())):
+        if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(function):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and \
+                    (node.module or "").startswith("kdist"):
+                names = [f"{node.module}.{a.name}" if f"{node.module}.{a.name}" in known
+                         else node.module for a in node.names]
+            elif isinstance(node, ast.Import):
+                names = [a.name for a in node.names if a.name.startswith("kdist.")]
+            else:
+                continue
+            others = [n for n in names if part_of(n) not in (None, part_of(module))]
+            if others:
+                found.append((node.lineno, others))
+    return found
+
+
+def test_an_import_between_parts_inside_a_function_keeps_a_module_out_of_the_start_and_says_so():
+    start = loaded_at_start()
+    assert {"kdist", "kdist.scope", "kdist.cli"} <= start and "kdist.exchange.comm" not in start
+    needless, unsaid, justified = [], [], 0
+    for module, path in source_modules().items():
+        source = open(path, encoding="utf-8").read()
+        for line, names in imports_inside_functions(module, path):
+            if module not in start or all(n in start for n in names):
+                needless.append(f"{module}:{line} imports {names} inside a function: import it at "
+                                "the top (it keeps nothing out of import kdist)")
+            elif "# Imported inside functions:" not in source:
+                unsaid.append(f"{module}:{line}: say why under the imports ('# Imported inside "
+                              "functions: ..., which import kdist must not load')")
+            else:
+                justified += 1
+    assert not needless and not unsaid, "\n".join(needless + unsaid)
+    assert justified > 10, "the imports inside functions were not read"

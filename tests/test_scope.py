@@ -9,10 +9,18 @@ import numpy as np
 import pytest
 
 import kdist
-from kdist import strategies
-from kdist.strategies import StrategyOptions
+from kdist import global_state, strategies
+from kdist.strategies import StrategyOptions, registry
 
 W2 = {"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}
+
+
+@pytest.fixture(autouse=True)
+def fresh_process_state():
+    """Each test starts as a fresh process would: no strategy built by kdist yet."""
+    global_state.clear()
+    yield
+    global_state.clear()
 
 
 @pytest.fixture
@@ -61,6 +69,22 @@ def test_default_scope_trains_and_is_reused():
         pass
     assert first is second and kdist.current_strategy() is first
     assert first.num_replicas_in_sync == 1
+
+
+def test_clearing_the_process_state_forgets_every_strategy_kdist_built():
+    import tensorflow as tf
+
+    with kdist.scope(strategy="mirrored", devices=["/cpu:0"]) as built:
+        pass
+    assert kdist.current_strategy() is built
+    assert registry.options_of(built).devices == ("/cpu:0",)
+    assert registry.cluster_of(built) is not None
+    global_state.clear()
+    assert kdist.current_strategy() is tf.distribute.get_strategy()
+    assert registry.options_of(built) == StrategyOptions() and registry.cluster_of(built) is None
+    with kdist.scope(strategy="mirrored", devices=["/cpu:0"]) as again:
+        pass
+    assert again is not built and kdist.current_strategy() is again
 
 
 def test_scope_logs_one_line_with_strategy_replicas_task(kdist_log):

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import logging
 
+from kdist.exchange import weights
+from kdist.steps.clock import reading
+
 logger = logging.getLogger("kdist")
 
 
@@ -52,10 +55,6 @@ def _timed_step(model, data):
     vectors over the replicas, summed over them (every replica gets every replica's figures)."""
     import keras
     import tensorflow as tf
-
-    from kdist.exchange import weights
-
-    from kdist.steps.clock import reading
 
     context = tf.distribute.get_replica_context()
     replicas = context.num_replicas_in_sync

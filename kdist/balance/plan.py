@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import numbers
 
-from kdist import validators
+from kdist import strategies, validators
 from kdist.validators import UsageError
 
 MEASURE = "measure"
@@ -53,8 +53,6 @@ class Balance:
 
     def check_for(self, strategy) -> None:
         """Refuses what cannot be balanced under `strategy`."""
-        from kdist import strategies
-
         if strategies.is_parameter_server(strategy):
             raise UsageError("balance", "ParameterServer has no global batch to split (each worker "
                              "trains on its own batches, at its own pace)",

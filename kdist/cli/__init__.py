@@ -30,6 +30,9 @@ from kdist import exit_codes
 from kdist.cli import bundle, doctor, k8s, launch, parsing, plan, pod_exec, tf_config, validate
 from kdist.cluster.spec import ClusterSpecError
 
+# Imported inside functions: the launcher and the bundle's errors, which `kdist --help` must not
+# load.
+
 COMMANDS = (launch, validate, tf_config, k8s, plan, doctor, bundle, pod_exec)  # --help's order
 
 

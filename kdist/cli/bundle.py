@@ -10,6 +10,8 @@ from kdist import exit_codes
 from kdist.cli import parsing
 from kdist.cluster.spec import ClusterSpecError
 
+# Imported inside functions: kdist.bundle, which `kdist --help` must not load.
+
 
 def add(commands) -> None:
     from kdist.bundle import CUDA_SETS

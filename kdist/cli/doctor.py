@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+# Imported inside functions: kdist.doctor, which `kdist --help` must not load (it imports
+# TensorFlow).
+
 
 def add(commands) -> None:
     doctor = commands.add_parser(

@@ -7,6 +7,8 @@ import sys
 
 from kdist.cli import parsing
 
+# Imported inside functions: the renderers and the launcher, which `kdist --help` must not load.
+
 
 def add(commands) -> None:
     k8s = commands.add_parser("k8s", help="Kubernetes manifests")

@@ -9,6 +9,8 @@ import sys
 from kdist.cli import parsing
 from kdist.cluster.spec import MAX_LOCAL_TASKS, ClusterSpec, ClusterSpecError
 
+# Imported inside functions: the launcher, which `kdist --help` must not load.
+
 
 def add(commands) -> None:
     launch = commands.add_parser(

@@ -13,7 +13,7 @@ import os
 import re
 import sys
 
-from kdist import exit_codes, validators
+from kdist import exit_codes, safe_files, validators
 from kdist.cluster.spec import ClusterSpecError
 
 
@@ -123,8 +123,6 @@ def output_file(path: str | None, flag: str) -> None:
 def write(path: str, text: str, flag: str) -> None:
     """Writes `text` to `path` (checked by `output_file`); an error the system reports only
     then (a full disk, a kernel file) is one line naming the flag."""
-    from kdist import safe_files
-
     try:
         safe_files.write_text(path, text)
     except OSError as err:

@@ -6,6 +6,9 @@ import sys
 
 from kdist.cli import parsing
 
+# Imported inside functions: kdist.planner, which `kdist --help` must not load (it imports
+# TensorFlow).
+
 
 def add(commands) -> None:
     plan = commands.add_parser(

@@ -7,6 +7,9 @@ import argparse
 
 from kdist.cli import parsing
 
+# Imported inside functions: the pod's start-up and the launcher, which `kdist --help` must not
+# load.
+
 
 def add(commands) -> None:
     exec_ = commands.add_parser("exec", help="in a pod rendered by kdist: set TF_CONFIG from what "

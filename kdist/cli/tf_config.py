@@ -5,6 +5,9 @@ from __future__ import annotations
 from kdist.cli import parsing
 from kdist.cluster.spec import ClusterSpecError
 
+# Imported inside functions: spec files and the Kubernetes renderer, which `kdist --help` must not
+# load.
+
 
 def add(commands) -> None:
     tf_config = commands.add_parser(

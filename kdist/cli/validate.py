@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+# Imported inside functions: spec files, which `kdist --help` must not load.
+
 
 def add(commands) -> None:
     validate = commands.add_parser("validate", help="check a cluster-spec file")

@@ -18,7 +18,11 @@ from __future__ import annotations
 import functools
 import os
 
-from kdist import global_state
+from kdist import global_state, validators
+from kdist.keras_seam import tf_internals
+from kdist.layers import placement
+from kdist.strategies import cluster_of, is_multi_worker
+from kdist.strategies.registry import options_of
 
 
 class Comm:
@@ -38,9 +42,6 @@ class Comm:
         """Sums `tensors` over the replicas; a model-parallel shard's tensor (off the replica's
         device) in its own device's group."""
         import tensorflow as tf
-
-        from kdist.keras_seam import tf_internals
-        from kdist.layers import placement
 
         tensors = list(tensors)
         strategy = self._context.strategy
@@ -100,7 +101,6 @@ class _LazyRing:
         reads it) and returns it, so TensorFlow takes the result back without a copy."""
         if self._ring is None:
             from kdist.exchange.ring import Ring
-            from kdist.keras_seam import tf_internals
 
             lookup = lambda key: tf_internals.get_job_key(key, int(self.timeout * 1000))  # noqa
             self._ring = Ring.connect(self.rank, self.addresses, tf_internals.set_job_key, lookup,
@@ -120,8 +120,6 @@ def job_secret(rank: int, lookup) -> bytes:
     reach the job's gRPC port can read: set the variable where that matters)."""
     import secrets
 
-    from kdist.keras_seam import tf_internals
-
     given = os.environ.get(SECRET_ENV, "")
     if given:
         return given.encode()
@@ -134,8 +132,6 @@ def job_secret(rank: int, lookup) -> bytes:
 def ring_port() -> int:
     """The port this worker's ring listens on: ``KDIST_RING_PORT`` (Kubernetes: the gRPC port
     plus one, which the NetworkPolicy admits), else any free one."""
-    from kdist import validators
-
     text = os.environ.get(RING_PORT_ENV, "").strip()
     if not text:
         return 0
@@ -147,9 +143,6 @@ def ring_port() -> int:
 
 def tcp_ring(strategy):
     """The TCP ring of a multi-worker strategy built with ``all_reduce="tcp"``, else None."""
-    from kdist.strategies import cluster_of, is_multi_worker
-    from kdist.strategies.registry import options_of
-
     options = options_of(strategy)
     if options.all_reduce != "tcp" or not is_multi_worker(strategy):
         return None

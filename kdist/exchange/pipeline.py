@@ -28,6 +28,7 @@ import copy
 
 from kdist.exchange import buckets, weights
 from kdist.exchange.comm import Comm
+from kdist.keras_seam import keras_internals
 
 
 class Phase:
@@ -81,8 +82,6 @@ class Exchange:
     def create_state(self, variables) -> None:
         """Per-replica optimizer variables (saved and restored with the optimizer in checkpoints):
         each compressible variable's compressor state, and accumulators when aggregate_every > 1."""
-        from kdist.keras_seam import keras_internals
-
         self.states = {}
         for variable in variables:
             spec = dict(self.compressor.state_spec(variable.shape)) if self._compresses(variable) \
@@ -101,8 +100,6 @@ class Exchange:
         return self.compressor is not None and self.compressor.should_compress(variable.shape)
 
     def _state(self, variable) -> dict:
-        from kdist.keras_seam import keras_internals
-
         return self.states[keras_internals.var_key(self.optimizer, variable)]
 
     # ------------------------------------------------------------------ the exchange

@@ -26,6 +26,8 @@ import signal
 import threading
 import time
 
+from kdist.keras_seam import tf_internals
+
 MARGIN = 2  # steps between the notice and the agreed save
 POLL_MS = 1000  # the watcher wakes this often to see whether its fit has ended
 _fits = itertools.count()  # every worker runs the same script, so the same fits in the same order
@@ -66,8 +68,6 @@ class PreemptionNotice:
         return self.received or self.save_at is not None
 
     def _publish(self, step: int) -> None:
-        from kdist.keras_seam import tf_internals
-
         try:
             tf_internals.set_job_key(self._key, str(step))
         except Exception:  # noqa: BLE001 (another worker published first: its step holds)
@@ -75,8 +75,6 @@ class PreemptionNotice:
         self.save_at = int(tf_internals.get_job_key(self._key))
 
     def _watch(self) -> None:
-        from kdist.keras_seam import tf_internals
-
         while not self._closed.is_set():
             started = time.monotonic()
             try:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import weakref
 
-from kdist.keras_seam import classes, versions
+from kdist.keras_seam import versions
 
 # ------------------------------------------------------------------ kdist's state of an object
 _state: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()

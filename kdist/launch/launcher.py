@@ -80,7 +80,7 @@ import threading
 import time
 from typing import IO, Callable, Sequence
 
-from kdist import exit_codes, validators
+from kdist import exit_codes, safe_files, validators
 from kdist.cluster.spec import ClusterSpec
 from kdist.launch import hosts, private_network
 from kdist.launch import summary as summaries
@@ -473,8 +473,6 @@ class Launcher:
 
 def safe_log(log_dir: str, name: str):
     """A task's log file in `log_dir`, opened to append (never through a planted symlink)."""
-    from kdist import safe_files
-
     return safe_files.open_for_append(os.path.join(log_dir, f"{name}.log"))
 
 

@@ -27,6 +27,7 @@ from keras import ops
 
 from kdist.layers import mappings
 from kdist.layers.sharding import DenseOptions, add_shards, pieces_like, split_sizes
+from kdist.strategies.options import local_devices
 
 PARTITIONS = ("column", "row")
 
@@ -75,7 +76,6 @@ class ModelParallelDense(DenseOptions, keras.layers.Layer):
         if partition == "row" and not gather_output:
             raise ValueError("gather_output=False is for partition='column'; a row layer always "
                              "returns the summed output")
-        from kdist.strategies.options import local_devices
 
         self.devices = list(local_devices(devices)) if devices else default_devices()
         self.units, self.partition = units, partition

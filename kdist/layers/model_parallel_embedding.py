@@ -25,6 +25,7 @@ from keras import ops
 from kdist.layers import mappings
 from kdist.layers.model_parallel import PARTITIONS, default_devices
 from kdist.layers.sharding import add_shards, pieces_like, split_sizes
+from kdist.strategies.options import local_devices
 
 _OPTIONS = ("embeddings_initializer", "embeddings_regularizer", "embeddings_constraint")
 
@@ -50,7 +51,6 @@ class ModelParallelEmbedding(keras.layers.Layer):
         if partition not in PARTITIONS:
             raise ValueError(f"partition={partition!r}: use 'row' (vocabulary) or 'column' "
                              "(embedding dimensions)")
-        from kdist.strategies.options import local_devices
 
         self.devices = list(local_devices(devices)) if devices else default_devices()
         self.input_dim, self.output_dim, self.partition = input_dim, output_dim, partition

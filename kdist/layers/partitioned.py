@@ -21,13 +21,12 @@ import keras
 from keras import ops
 
 from kdist.layers.sharding import DenseOptions, add_shards, split_sizes
+from kdist.strategies import cluster_of
 
 
 def _default_shards() -> int:
     """The ps tasks of the current strategy's cluster, else 1."""
     import tensorflow as tf
-
-    from kdist.strategies import cluster_of
 
     spec = cluster_of(tf.distribute.get_strategy())
     return max(1, spec.roles.get("ps", 1)) if spec is not None else 1

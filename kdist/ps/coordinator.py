@@ -12,6 +12,7 @@ import re
 
 from kdist import global_state, model_state
 from kdist.keras_seam import keras_internals
+from kdist.strategies import cluster_of
 
 
 class ParameterServerFailure(RuntimeError):
@@ -58,16 +59,12 @@ def join_scheduled(strategy) -> None:
 
 
 def num_workers(strategy) -> int:
-    from kdist.strategies import cluster_of
-
     return len(cluster_of(strategy).jobs["worker"])
 
 
 def _unreachable_ps(strategy) -> list[str]:
     """Indices of the ps tasks whose address refuses a TCP connection now."""
     import socket
-
-    from kdist.strategies import cluster_of
 
     spec = cluster_of(strategy)
     lost = []

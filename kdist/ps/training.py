@@ -29,16 +29,13 @@ ClusterCoordinator loop:
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
-from kdist.keras_seam import keras_internals
-from kdist.ps import evaluation, sync
-from kdist.ps.coordinator import (ParameterServerFailure, cached_function, coordinator,
-                                  join_scheduled, num_workers)
-from kdist.strategies.registry import options_of
 from kdist import model_state as states
+from kdist.keras_seam import keras_internals, tf_internals
+from kdist.ps import evaluation, sync
+from kdist.ps.coordinator import cached_function, coordinator, join_scheduled, num_workers
+from kdist.strategies.registry import options_of
 
 
 # ------------------------------------------------------------------------------------- fit
@@ -318,8 +315,6 @@ def _reject_unsupported(**arguments) -> None:
 
 
 def _reject_sharded_variables(model) -> None:
-    from kdist.keras_seam import tf_internals
-
     sharded = [v.path for v in model.trainable_variables
                if tf_internals.is_sharded_variable(v.value)]
     if sharded:

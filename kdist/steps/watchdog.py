@@ -27,6 +27,7 @@ import threading
 import time
 
 from kdist import exit_codes, validators
+from kdist.keras_seam import tf_internals
 
 logger = logging.getLogger("kdist")
 
@@ -158,16 +159,12 @@ class CoordinationStore:
     """The coordination service's key-value store (MultiWorkerMirrored), overwriting keys."""
 
     def publish(self, key: str, value: str) -> None:
-        from kdist.keras_seam import tf_internals
-
         try:
             tf_internals.replace_job_key(key, value)
         except Exception:  # noqa: BLE001 (a job shutting down: nothing to report to)
             pass
 
     def read(self, key: str) -> str | None:
-        from kdist.keras_seam import tf_internals
-
         try:
             return tf_internals.get_job_key(key, timeout_ms=2000)
         except Exception:  # noqa: BLE001 (not published: the worker never got that far)

@@ -23,6 +23,13 @@ from __future__ import annotations
 import logging
 
 from kdist import model_state as states
+from kdist import replicas, steps
+from kdist.balance import fitting
+from kdist.exchange.phases import PhaseCallback
+from kdist.keras_seam import keras_internals, versions
+from kdist.ps import training as ps_training
+from kdist.steps import reading
+from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
 
 logger = logging.getLogger("kdist")
 
@@ -31,11 +38,6 @@ FIT_INPUT = ("x", "y", "sample_weight", "batch_size")  # ModelState.fit_input du
 
 def dispatch(name: str, original, arguments):
     """Runs `model.<name>(...)` (`arguments`: Keras's method's bound arguments)."""
-    from kdist import replicas
-    from kdist.balance import fitting
-    from kdist.exchange.phases import PhaseCallback
-    from kdist.keras_seam import keras_internals
-    from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
     from kdist.training.options import TrainingOptions
 
     model = arguments.arguments["self"]
@@ -68,9 +70,7 @@ def dispatch(name: str, original, arguments):
                                                           or [])]
     try:
         if strategy is not None and is_parameter_server(strategy):
-            from kdist.ps import training
-
-            return getattr(training, name)(*arguments.args, **arguments.kwargs)
+            return getattr(ps_training, name)(*arguments.args, **arguments.kwargs)
         if name == "fit":
             with fitting.fitting(model):
                 return original(*arguments.args, **arguments.kwargs)
@@ -95,9 +95,6 @@ def _check_xla(strategy) -> None:
 def _step_watch(model, spec, options):
     """`kdist.steps.StepWatch` for this fit; the step reads its clock where the batch arrives
     (not under XLA, which compiles no Python call)."""
-    from kdist import steps
-    from kdist.keras_seam import keras_internals
-
     if model.jit_compile is not True:
         keras_internals.wrap_train_step(model, _input_read)
     steps.clock.stamps()  # created here, at the same point on every worker
@@ -109,8 +106,6 @@ def _step_watch(model, spec, options):
 def _input_read(train_step):
     """`train_step`, with the step clock read once its batch has arrived."""
     import functools
-
-    from kdist.steps import reading
 
     @functools.wraps(train_step)
     def step(data):
@@ -125,8 +120,6 @@ def _warn_custom_step_unscaled(model, replicas: int) -> None:
     kdist scales it where the stock train_step computes gradients, but a train_step of the
     user's own sums N unscaled gradients. Said once per model, with the fix."""
     import keras
-
-    from kdist.keras_seam import versions
 
     state = states.of(model)
     if versions.version(keras.__version__) >= (3, 8, 0) or state.warned_unscaled_step or \
@@ -143,8 +136,6 @@ def _warn_custom_step_unscaled(model, replicas: int) -> None:
 
 def _check_steps_per_execution(strategy, steps_per_execution: int) -> None:
     import keras
-
-    from kdist.keras_seam import keras_internals, versions
 
     safe = versions.for_running_keras(keras_internals.STEPS_PER_EXECUTION_SAFE_WITH_REPLICAS)
     if strategy.num_replicas_in_sync > 1 and not safe:

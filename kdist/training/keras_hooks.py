@@ -2,8 +2,6 @@
 
 `import kdist` connects one instance. Every method leaves objects kdist is not responsible for to
 Keras: a model compiled outside `kdist.scope(...)` options, an optimizer with no exchange bound.
-The engines are imported inside the methods: `import kdist` (the command line's side) never
-imports TensorFlow.
 """
 
 from __future__ import annotations
@@ -12,7 +10,13 @@ import dataclasses
 import logging
 
 from kdist import model_state as states
+from kdist.keras_seam import keras_internals
 from kdist.keras_seam.hooks import Hooks
+from kdist.ps import sync
+from kdist.strategies import cluster_of, is_parameter_server
+
+# Imported inside functions: the engines (exchange, balance, layers, steps, the fit dispatch),
+# which `import kdist` must not load (they import TensorFlow).
 
 logger = logging.getLogger("kdist")
 
@@ -29,7 +33,6 @@ class KdistHooks(Hooks):
         """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
         ask for to its optimizer."""
         from kdist.exchange import Exchange, weights
-        from kdist.keras_seam import keras_internals
         from kdist.training import options as training_options
 
         options = training_options.active()
@@ -64,8 +67,6 @@ class KdistHooks(Hooks):
             exchange.create_state(variables)
 
     def apply_gradients(self, optimizer, grads_and_vars, original, kwargs):
-        from kdist.ps import sync
-
         into = sync.capturing_into(optimizer)
         if into is None:
             return original(optimizer, grads_and_vars, **kwargs)
@@ -78,7 +79,6 @@ class KdistHooks(Hooks):
         from kdist.exchange import plain_sum
         from kdist.exchange.comm import tcp_ring
         from kdist.layers import placement
-        from kdist.ps import sync
         from kdist.steps import clock
         if sync.applying(optimizer):  # one replica per worker: nothing to exchange
             return list(grads_and_vars)
@@ -125,8 +125,6 @@ class KdistHooks(Hooks):
         return placement.slot_device(reference_variable)
 
     def cluster_of(self, strategy):
-        from kdist.strategies import cluster_of
-
         return cluster_of(strategy)
 
     def backup_class(self):
@@ -138,8 +136,6 @@ class KdistHooks(Hooks):
 def _accumulation_in_phases(model) -> int | None:
     """Keras's `gradient_accumulation_steps` when `model` trains on several synchronous replicas,
     where kdist runs it in phases (`kdist.keras_seam.one_device`); None otherwise."""
-    from kdist.strategies import is_parameter_server
-
     optimizer, strategy = model.optimizer, model.distribute_strategy
     steps = getattr(optimizer, "gradient_accumulation_steps", None)
     if not steps or strategy.num_replicas_in_sync == 1 or is_parameter_server(strategy):

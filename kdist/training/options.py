@@ -31,7 +31,7 @@ import contextlib
 import contextvars
 import dataclasses
 
-from kdist import validators
+from kdist import strategies, validators
 from kdist.balance.plan import Balance
 from kdist.compression.base import Compressor, NoCompression
 from kdist.compression.names import NAMES, from_name
@@ -87,8 +87,6 @@ class TrainingOptions:
 
     def checked_for(self, strategy) -> "TrainingOptions":
         """These options, refused with the reason and the fix where `strategy` cannot honour them."""
-        from kdist import strategies
-
         parameter_server = strategies.is_parameter_server(strategy)
         if parameter_server and (self.compression is not None or self.aggregate_every != 1
                                  or self.bucket_bytes is not None):
