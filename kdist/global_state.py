@@ -3,8 +3,12 @@
 
 Two kinds of state live for the life of a process:
 
-- named values (`get`/`set`): the strategies `kdist.scope()` built, one per configuration, and the
-  current one (`kdist.scope`);
+- named values (`get`/`set`/`setdefault`): the strategies `kdist.scope()` built, one per
+  configuration, and the current one (`kdist.scope`); the cluster read from the environment and
+  the Slurm nodes' addresses (`kdist.cluster`), the spec keys already warned about; the counters
+  that give every worker the same collective keys in the same order (`kdist.fault_tolerance.
+  preemption`, `kdist.exchange.ring`); the step clock's variable and whether a watched fit runs
+  (`kdist.steps.clock`);
 - what kdist keeps about one `tf.distribute` strategy (`of_strategy`): the cluster and options it
   was built for (`kdist.strategies.registry`), its parameter-server coordinator
   (`kdist.ps.coordinator`), its TCP ring (`kdist.exchange.comm`), its device groups' collective
@@ -13,9 +17,11 @@ Two kinds of state live for the life of a process:
 
 `clear()` forgets both, as a test does between scenarios of one process; a strategy built later
 starts afresh. What stays: Keras's patches (the seam's registry installs and uninstalls them,
-`kdist.keras_seam.patches`) and the hooks connected at `import kdist`. What a model or an
-optimizer carries (its training options, its gradient exchange) goes with the object
-(`kdist.model_state`).
+`kdist.keras_seam.patches`), the hooks connected and the exception hook chained at `import kdist`.
+What a model or an optimizer carries (its training options, its gradient exchange) goes with the
+object (`kdist.model_state`); what holds only inside a block or a thread (the active scope
+options, a capture of gradients, the replica being clipped) lives with its code, in a context
+variable or a thread-local that the block restores.
 
 >>> from kdist import global_state
 >>> global_state.set("example", 1)
@@ -40,6 +46,13 @@ def get(name: str, default=None):
 
 def set(name: str, value) -> None:  # noqa: A001 (Keras's own name for it: global_state.set_...)
     _values[name] = value
+
+
+def setdefault(name: str, make):
+    """The value named `name`, created by `make()` when there is none."""
+    if name not in _values:
+        _values[name] = make()
+    return _values[name]
 
 
 def of_strategy(strategy) -> dict:

@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import os
 
+from kdist import global_state
 from kdist.cluster import slurm
 from kdist.cluster.spec import ClusterSpec
-
-_cache: dict[tuple, ClusterSpec] = {}
 
 
 def _environment_key() -> tuple:
@@ -31,10 +30,11 @@ def cluster() -> ClusterSpec:
     malformed.
     """
     key = _environment_key()
-    if key not in _cache:
-        _cache.clear()  # one environment at a time: keep only the newest
-        _cache[key] = _read()
-    return _cache[key]
+    cache = global_state.setdefault("cluster.environment", dict)  # {key: ClusterSpec}
+    if key not in cache:
+        cache.clear()  # one environment at a time: keep only the newest
+        cache[key] = _read()
+    return cache[key]
 
 
 def _read() -> ClusterSpec:

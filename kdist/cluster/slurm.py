@@ -41,7 +41,7 @@ import shutil
 import subprocess
 from typing import Mapping
 
-from kdist import validators
+from kdist import global_state, validators
 from kdist.cluster.spec import JOBS, ClusterSpec, ClusterSpecError
 
 PORT_ENV = "KDIST_SLURM_PORT"
@@ -188,12 +188,10 @@ def _addresses(task_nodes: list[str], base_port: int) -> list[str]:
     return addresses
 
 
-_node_addresses: dict[str, str] = {}
-
-
 def _node_address(node: str) -> str:
     """A node's NodeAddr from scontrol (several nodes may share a host), else its name."""
-    if node not in _node_addresses:
+    addresses = global_state.setdefault("cluster.slurm_node_addresses", dict)
+    if node not in addresses:
         address = node
         if shutil.which("scontrol"):
             try:
@@ -202,8 +200,8 @@ def _node_address(node: str) -> str:
                 address = re.search(r"\bNodeAddr=(\S+)", shown).group(1)
             except (OSError, subprocess.SubprocessError, AttributeError):
                 address = node
-        _node_addresses[node] = address
-    return _node_addresses[node]
+        addresses[node] = address
+    return addresses[node]
 
 
 def _port(text: str | None) -> int:

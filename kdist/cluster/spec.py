@@ -23,7 +23,7 @@ import json
 import logging
 from typing import Any, Mapping
 
-from kdist import validators
+from kdist import global_state, validators
 from kdist.validators import UsageError
 
 # The job names TensorFlow accepts, in the order kdist lists them.
@@ -34,7 +34,6 @@ PLATFORM_KEYS = {"job": "Vertex AI / AI Platform Training: the job's own specifi
 # Task keys: TF reads type and index; AI Platform Training adds trial (hyperparameter tuning) and
 # cloud (an internal id). Anything else in "task" is a mistake and an error.
 _TASK_KEYS = ("type", "index", "trial", "cloud")
-_warned: set[str] = set()  # unknown top-level keys already warned about (once per process)
 logger = logging.getLogger("kdist")
 MAX_LOCAL_TASKS = 64  # tasks of one local cluster (each a TF process on this host)
 MAX_TASKS = 100_000  # tasks of any cluster a spec describes: checked before anything is expanded
@@ -292,8 +291,9 @@ def _warn_about_unknown_keys(config: Mapping[str, Any], source: str) -> None:
     """Top-level keys TF ignores are ignored here too (never stricter than TF), with one warning
     per key and process; the keys platforms document (`PLATFORM_KEYS`) are accepted silently."""
     for key in sorted(set(config) - set(_TOP_LEVEL_KEYS) - set(PLATFORM_KEYS), key=str):
-        if key not in _warned:
-            _warned.add(key)
+        warned = global_state.setdefault("cluster.unknown_keys_warned", set)  # once per process
+        if key not in warned:
+            warned.add(key)
             logger.warning("kdist: %s.%s: unknown key, ignored (TensorFlow ignores it too; kdist "
                            "reads %s)", source, key, ", ".join(_TOP_LEVEL_KEYS))
 

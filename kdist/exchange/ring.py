@@ -25,6 +25,8 @@ secret differs is refused and fails, naming the cause. The secret is ``KDIST_JOB
 first worker draws and shares through TensorFlow's coordination service (`kdist.exchange.comm`).
 
 >>> import numpy as np
+
+from kdist import global_state
 >>> [len(c) for c in chunks(np.zeros(10, "float32"), 3)]
 [4, 3, 3]
 """
@@ -44,7 +46,8 @@ import time
 
 import numpy as np
 
-_rings = itertools.count()  # every worker builds its rings in the same order: the same keys
+from kdist import global_state
+
 BUFFER_BYTES = 4 << 20
 NONCE_BYTES, PROOF_BYTES = 16, 32
 ACCEPTED, REFUSED = b"\x01", b"\x00"
@@ -87,7 +90,8 @@ class Ring:
         names = list(addresses)
         if size == 1:
             return cls(rank, size, None, None, names)
-        generation = next(_rings) if generation is None else generation
+        if generation is None:  # every worker builds its rings in the same order: the same keys
+            generation = next(global_state.setdefault("exchange.rings", itertools.count))
         host = addresses[rank].rpartition(":")[0].strip("[]")
         listener = socket.create_server(("", port), family=socket.AF_INET6
                                         if ":" in host else socket.AF_INET, backlog=4)

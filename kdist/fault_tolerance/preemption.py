@@ -26,11 +26,11 @@ import signal
 import threading
 import time
 
+from kdist import global_state
 from kdist.keras_seam import tf_internals
 
 MARGIN = 2  # steps between the notice and the agreed save
 POLL_MS = 1000  # the watcher wakes this often to see whether its fit has ended
-_fits = itertools.count()  # every worker runs the same script, so the same fits in the same order
 
 
 class PreemptionNotice:
@@ -41,7 +41,9 @@ class PreemptionNotice:
         self.save_at = None  # the agreed step, once known
         self._steps = 0
         self._shared = spec.num_workers > 1 and not spec.has_ps  # else one process runs fit
-        self._key = f"kdist/preemption/fit-{next(_fits)}"  # a fresh key for every fit
+        # A fresh key for every fit: every worker runs the same fits in the same order.
+        fit = next(global_state.setdefault("preemption.fits", itertools.count))
+        self._key = f"kdist/preemption/fit-{fit}"
         self._closed = threading.Event()
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
         self._watcher = None

@@ -34,34 +34,33 @@ import statistics
 import threading
 import time
 
+from kdist import global_state
+
 MARKS = ("input", "gradients", "summed")
 FIRST_SAMPLED, SAMPLE_EVERY = 4, 8  # steps whose split is read: see StepClock._sampled
-_stamps = None  # this process's variable of the last readings (seconds since the epoch)
-_watched = False  # a watched fit runs: the step it traces gets the readings
 
 
 def stamps():
     """The variable the named readings write, created once per process (by `StepWatch`, at the
     same point of every worker's program: under MultiWorkerMirrored, creating a variable in the
     strategy's scope is a collective)."""
-    global _stamps
-    if _stamps is None:
+    def create():  # the last readings, in seconds since the epoch
         import tensorflow as tf
 
         with tf.init_scope():
-            _stamps = tf.Variable(tf.fill([len(MARKS)], tf.constant(-1.0, tf.float64)),
-                                  trainable=False, name="kdist_step_clock")
-    return _stamps
+            return tf.Variable(tf.fill([len(MARKS)], tf.constant(-1.0, tf.float64)),
+                               trainable=False, name="kdist_step_clock")
+
+    return global_state.setdefault("steps.stamps", create)
 
 
 def watching(running: bool) -> None:
     """A watched fit starts (True) or ends (False): steps traced meanwhile get the readings."""
-    global _watched
-    _watched = running
+    global_state.set("steps.watched", running)
 
 
 def tracing_watched() -> bool:
-    return _watched
+    return bool(global_state.get("steps.watched"))
 
 
 def reading(after, name: str | None = None, whole: bool = False):
