@@ -346,6 +346,16 @@ def test_the_trainer_is_found_by_what_exists_not_by_name():
         classes._in_hierarchy(keras.Model, "keras.src.nowhere")
 
 
+def test_the_trainer_is_found_in_a_keras_tensorflow_backend_package_too():
+    """Keras's pluggable backends (keras-team/keras#23523) may move the TensorFlow trainer into a
+    package of its own: a Model whose trainer comes from `keras_tensorflow.trainer` is found."""
+    moved = type("Trainer", (), {"__module__": "keras_tensorflow.trainer"})
+    model = type("Model", (moved,), {"__module__": "keras.src.models.model"})
+    assert classes._in_hierarchy(model, *classes._tf_backend("trainer")) is moved
+    assert classes._in_hierarchy(keras.Model, *classes._tf_backend("trainer")) is \
+        classes.resolve("Trainer")
+
+
 def _fake_distribution(folder, name: str, version: str) -> None:
     info = folder / f"{name.replace('-', '_')}-{version}.dist-info"
     info.mkdir()

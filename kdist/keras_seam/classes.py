@@ -2,8 +2,9 @@
 that a release may change.
 
 Keras 3.16 renamed `TensorFlowTrainer` to `Trainer` (and the base `Trainer` to `BaseTrainer`), so
-the trainer is found in `keras.Model`'s own class hierarchy, by the module that defines it; the
-optimizer likewise in `keras.optimizers.Optimizer`'s. Public classes are taken from the public API.
+the trainer is found in `keras.Model`'s own class hierarchy, by the module that defines it (in
+keras, or in a `keras_tensorflow` backend package: `BACKEND_PACKAGES`); the optimizer likewise in
+`keras.optimizers.Optimizer`'s. Public classes are taken from the public API.
 
 >>> resolve("Trainer").__module__
 'keras.src.backend.tensorflow.trainer'
@@ -21,10 +22,22 @@ class SeamError(RuntimeError):
     """The running Keras has no class or attribute where kdist's seam expects one."""
 
 
-def _in_hierarchy(cls, module: str):
+# Where Keras's TensorFlow backend lives: inside keras today; in a package of its own once Keras's
+# pluggable backends land (keras-team/keras#23523: `keras_openvino` is its example, so
+# `keras_tensorflow`), where the seam looks for the same module names.
+BACKEND_PACKAGES = ("keras.src.backend.tensorflow", "keras_tensorflow")
+
+
+def _tf_backend(name: str) -> tuple[str, ...]:
+    """'trainer' -> the module names the TensorFlow backend's `trainer` may have."""
+    return tuple(f"{package}.{name}" for package in BACKEND_PACKAGES)
+
+
+def _in_hierarchy(cls, *modules: str):
     for klass in cls.__mro__:
-        if klass.__module__ == module:
+        if klass.__module__ in modules:
             return klass
+    module = " or ".join(modules)
     raise SeamError(f"kdist cannot find the class of {module} in {cls.__name__}'s hierarchy "
                     f"({', '.join(k.__module__ + '.' + k.__name__ for k in cls.__mro__)}); this "
                     "Keras is outside what kdist supports: run `kdist doctor`")
@@ -33,7 +46,7 @@ def _in_hierarchy(cls, module: str):
 def _trainer():
     import keras
 
-    return _in_hierarchy(keras.Model, "keras.src.backend.tensorflow.trainer")
+    return _in_hierarchy(keras.Model, *_tf_backend("trainer"))
 
 
 def _base_trainer():
@@ -49,7 +62,7 @@ def _trainer_module():
 def _tf_optimizer():
     import keras
 
-    return _in_hierarchy(keras.optimizers.Optimizer, "keras.src.backend.tensorflow.optimizer")
+    return _in_hierarchy(keras.optimizers.Optimizer, *_tf_backend("optimizer"))
 
 
 def _base_optimizer():
