@@ -5,7 +5,6 @@ said at import; one frozen options object per scope."""
 
 import ast
 import dataclasses
-import json
 import os
 import subprocess
 import sys
