@@ -117,23 +117,21 @@ def preemption_agreement(args, global_batch, folder, width, notice=True):
 
 
 def compare(kdist_scope, raw_scope, raw_workarounds, args, global_batch):
-    from kdist import keras_compat
-    from kdist.scope import install_patches, uninstall_patches
+    from kdist.keras_seam import patches
 
     rows = {"kdist": [], "raw": []}
     for round_ in range(args.rounds):
         order = ("kdist", "raw") if round_ % 2 == 0 else ("raw", "kdist")
         for path in order:
-            uninstall_patches()
+            patches.uninstall()
             if path == "kdist":
-                install_patches()
+                patches.install()
                 rows[path].append(warm_steps(kdist_scope, args, global_batch))
             else:
-                for workaround in keras_compat.WORKAROUNDS:
-                    if workaround.name in raw_workarounds:
-                        workaround.install()
+                for name in raw_workarounds:
+                    patches.patch(name).install()
                 rows[path].append(warm_steps(raw_scope, args, global_batch))
-    uninstall_patches()
+    patches.uninstall()
     return rows
 
 
@@ -156,9 +154,9 @@ def multi_worker(args, out_path):
     strategy = kdist.strategy()  # MWMS must come first; both paths run on this one strategy object
     global_batch = kdist.global_batch_size(args.batch)
     rows = {"plain": compare(kdist.scope, strategy.scope, NEEDED_UNDER_MWMS, args, global_batch)}
-    from kdist.scope import install_patches
+    from kdist.keras_seam import patches
 
-    install_patches()
+    patches.install()
     clock = NoticeClock()
     with tempfile.TemporaryDirectory() as folder:
         rows["preemption"], rows["direct"] = {}, {}
