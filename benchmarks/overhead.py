@@ -6,8 +6,9 @@ The same model (examples/plan_model.py's MLP), data and global batch are trained
 
   (a) the kdist way: ``with kdist.scope(): build + compile``, then ``fit`` (every kdist workaround
       installed), and
-  (b) by hand: ``tf.distribute.MirroredStrategy(devices)`` / ``MultiWorkerMirroredStrategy()``
-      scope + ``fit``, with only the Keras 3 workarounds such a user needs for fit to run at all
+  (b) by hand: the same ``MirroredStrategy(devices)`` / ``MultiWorkerMirroredStrategy()`` object's
+      scope + ``fit`` (two strategies over the same devices in one process would clash in their
+      collective keys), with only the Keras 3 workarounds such a user needs for fit to run at all
       (none under Mirrored; `symbolic_build_without_collective` and `scalar_metric_reduce` under
       MWMS), the other kdist patches uninstalled,
 
@@ -139,10 +140,10 @@ def mirrored(args):
     import kdist
 
     devices = kdist.split_cpu(2)
-    import tensorflow as tf
-
-    raw = tf.distribute.MirroredStrategy(devices)
-    return compare(lambda: kdist.scope(devices=devices), raw.scope, (), args,
+    # Both paths on this one strategy object, as under MWMS: two MirroredStrategy objects over the
+    # same devices in one process start their collective keys alike, and their all-reduces clash.
+    strategy = kdist.strategy(devices=devices)
+    return compare(lambda: kdist.scope(devices=devices), strategy.scope, (), args,
                    global_batch=2 * args.batch)
 
 
