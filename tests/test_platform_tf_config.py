@@ -11,7 +11,7 @@ import pytest
 from conftest import PROGRAMS, QUIET_TF
 from fixtures.tf_configs import CORPUS
 from kdist import ClusterSpec, ClusterSpecError
-from kdist.cluster import spec as spec_module
+from kdist import global_state
 
 PORTS = (2222, 2223)
 
@@ -67,7 +67,7 @@ def test_kdist_is_never_stricter_than_tensorflow(entry, caplog):
         config = filled(entry, task_type, index)
         refusal = tf_refusal(config)
         assert (refusal is None) == (entry["tf"] == "accepts"), refusal
-        spec_module._warned.clear()
+        global_state.clear()  # the keys already warned about, among the rest
         caplog.clear()
         if entry["kdist"] == "refuse":
             with pytest.raises(ClusterSpecError, match="Fix:") as err:
@@ -88,7 +88,7 @@ def test_kdist_is_never_stricter_than_tensorflow(entry, caplog):
 
 
 def test_an_unknown_top_level_key_is_warned_about_once(caplog):
-    spec_module._warned.clear()
+    global_state.clear()  # the keys already warned about, among the rest
     config = {"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}, "x": 1}
     ClusterSpec.from_tf_config(config)
     ClusterSpec.from_tf_config(config)
