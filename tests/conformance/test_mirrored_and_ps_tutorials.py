@@ -34,7 +34,12 @@ def test_parameter_server_tutorial_chief_two_workers_two_ps(tmp_path):
     assert report["strategy"] == "ParameterServerStrategyV2"
     assert report["loss"][-1] < report["loss"][0] and report["accuracy"][-1] > 0.6
     assert report["iterations"] == 4 * 20  # every scheduled step applied once (10 per execution)
-    assert report["evaluation"]["accuracy"] > 0.6
+    # asynchronous training's accuracy varies with the workers' interleaving (0.59 to 0.7+): the
+    # evaluation is checked exactly against plain Keras evaluating the same weights on one device
+    expected = report["evaluation_one_device"]
+    assert report["evaluation"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
+    assert report["evaluation"]["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert report["evaluation"]["accuracy"] > 0.5  # better than chance (the classes are balanced)
     assert report["files"] == ["ckpt.keras", "logs"]  # the backup is deleted when fit ends
     mixed = report["mixed_float16"]
     assert "error" not in mixed and mixed["loss"][-1] < mixed["loss"][0]

@@ -42,6 +42,13 @@ history = model.fit(dataset_fn, epochs=4, steps_per_epoch=20, verbose=0, callbac
     keras.callbacks.ModelCheckpoint(os.path.join(folder, "ckpt.keras")),
     keras.callbacks.BackupAndRestore(os.path.join(folder, "backup"))])
 evaluation = model.evaluate(features, targets, batch_size=100, return_dict=True, verbose=0)
+one_device = keras.Sequential([keras.Input((10,)), keras.layers.Dense(16, activation="relu"),
+                               keras.layers.Dense(2)])  # the same weights, evaluated by plain Keras
+one_device.compile(loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+                   metrics=["accuracy"])
+one_device.set_weights(model.get_weights())
+evaluation_one_device = one_device.evaluate(features, targets, batch_size=100, return_dict=True,
+                                            verbose=0)
 keras.mixed_precision.set_global_policy("mixed_float16")
 try:
     with kdist.scope():
@@ -58,5 +65,6 @@ finally:
 with open(os.path.join(out_dir, "chief.json"), "w") as f:
     json.dump({"mixed_float16": mixed_result, "strategy": type(strategy).__name__, "loss": history.history["loss"],
                "accuracy": history.history["accuracy"], "evaluation": evaluation,
+               "evaluation_one_device": evaluation_one_device,
                "iterations": int(model.optimizer.iterations.numpy()),
                "files": sorted(os.listdir(folder))}, f)
