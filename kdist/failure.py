@@ -15,8 +15,8 @@ A task killed by a signal (SIGKILL, the out-of-memory killer) writes nothing: th
 platform report the signal. A task that `kdist launch` started (``KDIST_FAILURE_FILE`` set) also
 writes the Python stacks of all its threads to stderr on ``SIGUSR1`` (`faulthandler`, which works
 while the program is blocked in TensorFlow's native code): the launcher asks for them before it
-stops a job that ran past ``--timeout``, so a hang says where each task was. Files are created without following a symlink and without widening
-the process's umask (`kdist.safe_files`).
+stops a job that ran past ``--timeout``, so a hang says where each task was. Files are created
+without following a symlink and without widening the process's umask (`kdist.safe_files`).
 
 >>> record = record_of(ValueError("bad shape"), task="worker:1")
 >>> record["task"], record["type"], record["message"]

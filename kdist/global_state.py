@@ -6,9 +6,9 @@ Two kinds of state live for the life of a process:
 - named values (`get`/`set`/`setdefault`): the strategies `kdist.scope()` built, one per
   configuration, and the current one (`kdist.scope`); the cluster read from the environment and
   the Slurm nodes' addresses (`kdist.cluster`), the spec keys already warned about; the counters
-  that give every worker the same collective keys in the same order (`kdist.fault_tolerance.
-  preemption`, `kdist.exchange.ring`); the step clock's variable and whether a watched fit runs
-  (`kdist.steps.clock`);
+  that give every worker the same collective keys in the same order
+  (`kdist.fault_tolerance.preemption`, `kdist.exchange.ring`); the step clock's variable and
+  whether a watched fit runs (`kdist.steps.clock`);
 - what kdist keeps about one `tf.distribute` strategy (`of_strategy`): the cluster and options it
   was built for (`kdist.strategies.registry`), its parameter-server coordinator
   (`kdist.ps.coordinator`), its TCP ring (`kdist.exchange.comm`), its device groups' collective

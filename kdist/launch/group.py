@@ -132,7 +132,8 @@ class TaskGroup:
             task.stopped_by = because
             with contextlib.suppress(ProcessLookupError):
                 task.process.send_signal(STACKS_SIGNAL)
-        time.sleep(STACKS_SECONDS)
+        if alive:
+            time.sleep(STACKS_SECONDS)
 
     def stop(self, tasks: list[TaskRun], because: str) -> None:
         """SIGTERM each task's process group, then SIGKILL what is left after `stop_timeout`;
