@@ -192,5 +192,9 @@ def _num_logical_cpus() -> int:
 def _log_choice(name, built, spec, opts) -> None:
     unused = strategies.inapplicable_options(name, opts)
     note = f"; options not used by this strategy: {', '.join(unused)}" if unused else ""
+    if strategies.sums_over_tcp(built):
+        how = "all_reduce='tcp'" if opts.all_reduce == "tcp" else \
+            "the default on CPU workers; all_reduce='ring' for TensorFlow's collectives"
+        note = f"; gradients summed by kdist's TCP ring ({how}){note}"
     logger.info("kdist: strategy %s (%s), %d replica(s) in sync, task %s%s", name,
                 type(built).__name__, built.num_replicas_in_sync, spec.task or "local", note)

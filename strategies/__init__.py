@@ -9,6 +9,7 @@
 from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 from kdist.strategies import default, mirrored, multi_worker, parameter_server, registry
 from kdist.strategies.options import StrategyOptions
+from kdist.strategies.multi_worker import sums_over_tcp
 from kdist.strategies.registry import cluster_of
 
 _MODULES = {
@@ -54,4 +55,4 @@ def _module(name: str):
 
 
 __all__ = ["NAMES", "StrategyOptions", "build", "choose", "cluster_of", "inapplicable_options",
-           "is_multi_worker", "is_parameter_server"]
+           "is_multi_worker", "is_parameter_server", "sums_over_tcp"]

@@ -1,8 +1,9 @@
 """MultiWorkerMirroredStrategy: synchronous data parallelism across worker processes (collectives)."""
 
 from kdist import startup
-from kdist.keras_seam import tf_internals
-from kdist.strategies.options import StrategyOptions
+from kdist.keras_seam import strategy_kinds, tf_internals
+from kdist.strategies import registry
+from kdist.strategies.options import StrategyOptions, canonical_name
 
 OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout",
                      "devices", "startup_timeout"})
@@ -44,6 +45,24 @@ def build(cluster, options: StrategyOptions):
     return strategy
 
 
+def sums_over_tcp(strategy) -> bool:
+    """Whether kdist's TCP ring (`kdist.exchange.ring`) sums the gradients of `strategy`, a
+    strategy kdist built: when asked (``all_reduce="tcp"``), and by default (``"auto"``) where each
+    worker runs one replica on its CPU. There TensorFlow's collectives copy every chunk through
+    gRPC's protobufs, several times the ring's time on the same bytes
+    (benchmarks/results/collectives.md). GPUs keep TensorFlow's choice (NCCL), and
+    ``all_reduce="ring"`` keeps TensorFlow's collectives on CPUs. TensorFlow's collectives carry
+    everything else (metrics, batch-norm statistics, barriers) in every case."""
+    options = registry.options_of(strategy)
+    if not strategy_kinds.is_multi_worker(strategy) or not registry.built_by_kdist(strategy):
+        return False
+    if options.all_reduce == "tcp":
+        return True
+    devices = strategy.extended.worker_devices
+    return options.all_reduce == "auto" and len(devices) == 1 and \
+        canonical_name(devices[0]).startswith("CPU:")
+
+
 def replica_gpus(devices) -> int:
     """How many GPUs each worker replicates over, from `devices=`: MultiWorkerMirrored takes
     GPU:0..k-1 (or the CPU when there are none), so `devices` names exactly those. With
@@ -53,8 +72,6 @@ def replica_gpus(devices) -> int:
     >>> replica_gpus(["/gpu:0", "/gpu:1"]), replica_gpus(["/cpu:0"])
     (2, 0)
     """
-    from kdist.strategies.options import canonical_name
-
     names = [canonical_name(d) for d in devices]
     if names == ["CPU:0"]:
         return 0

@@ -30,6 +30,11 @@ def options_of(strategy) -> StrategyOptions:
     return global_state.of_strategy(strategy).get("options", StrategyOptions())
 
 
+def built_by_kdist(strategy) -> bool:
+    """Whether kdist built `strategy` (`remember`ed it); TF's default strategy is not recorded."""
+    return strategy is not None and "options" in global_state.of_strategy(strategy)
+
+
 def cluster_of(strategy) -> ClusterSpec | None:
     """The cluster `strategy` runs on: the spec kdist built it for; for a multi-worker or
     parameter-server strategy built by hand, the cluster its own resolver describes; else None."""

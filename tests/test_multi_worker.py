@@ -5,6 +5,7 @@ callbacks and the regression evidence for every Keras workaround; the tests belo
 worker reported.
 """
 
+import collections
 import json
 import os
 import re
@@ -15,7 +16,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from conftest import run_kdist
+from conftest import run_kdist, run_python
 from kdist.keras_seam import patches as keras_seam
 from kdist.keras_seam.versions import version
 
@@ -185,11 +186,18 @@ def test_tf_servers_listen_on_their_tf_config_ports(job):
 def test_kdist_adds_no_op_to_the_traced_train_step(job):
     """kdist's patches act at trace time (or only under PS): without the step clock, the step TF
     runs is the one a user writing MWMS + fit by hand, with the workarounds fit needs to run and
-    to log right, gets; the step clock adds its three readings and nothing else."""
+    to log right, gets, but for the gradients' sum: on these CPU workers kdist's TCP ring takes
+    it by default, one PyFunc in place of TensorFlow's CollectiveReduceV2 and its packing ops.
+    The step clock adds its three readings and nothing else."""
     for report in job["reports"].values():
         ops = report["train_step_ops"]
         assert sum(ops["kdist"].values()) > 50
-        assert ops["kdist"] == ops["by_hand"]
+        kdist_ops, by_hand = collections.Counter(ops["kdist"]), collections.Counter(ops["by_hand"])
+        added, removed = kdist_ops - by_hand, by_hand - kdist_ops
+        assert set(added) == {"PyFunc"}, added  # counted once per graph that holds the step
+        assert removed["CollectiveReduceV2"] == added["PyFunc"]  # the gradients' sum, no other
+        assert set(removed) <= {"CollectiveReduceV2", "Placeholder", "Const", "Pack", "Prod",
+                                "Identity", "IdentityN"}, removed
         # with the step clock (the default): three readings, each a timestamp in a cond on one
         # value of each tensor, written to the clock's variable (counted once per graph that
         # holds the step: the step's own, and its caller's where Keras inlines it)
@@ -203,23 +211,33 @@ def test_kdist_adds_no_op_to_the_traced_train_step(job):
 
 
 @pytest.fixture(scope="module")
-def tcp_runs(tmp_path_factory):
-    """The same 2-worker training with kdist's TCP ring and with TensorFlow's collectives."""
+def gradient_sums(tmp_path_factory):
+    """The same training (global batch 96) on one device, and on 2 and 3 workers by default
+    (kdist's TCP ring) and with TensorFlow's collectives (all_reduce='ring'), 2 workers."""
     out = tmp_path_factory.mktemp("tcp")
-    for all_reduce in ("tcp", "auto"):
-        result = run_kdist(["launch", "--workers", "2", "--timeout", "240", "--", sys.executable,
-                            "tests/programs/tcp_job.py", str(out), all_reduce], timeout=270)
+    program = [sys.executable, "tests/programs/tcp_job.py", str(out)]
+    alone = run_python(program[1:] + ["auto"], timeout=120, env={"TF_CONFIG": ""})
+    assert alone.returncode == 0, alone.stderr[-3000:]
+    runs = {"one device": [np.load(out / "weights-auto-1-local.npz")]}
+    for all_reduce, workers, ring in (("auto", 2, True), ("auto", 3, True), ("ring", 2, False)):
+        result = run_kdist(["launch", "--workers", str(workers), "--timeout", "240", "--",
+                            *program, all_reduce], timeout=270)
         assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-        assert result.stdout.count(f"ring {all_reduce == 'tcp'}") == 2, result.stdout[-2000:]
-    return {name: [np.load(out / f"weights-{name}-worker:{i}.npz") for i in (0, 1)]
-            for name in ("tcp", "auto")}
+        assert result.stdout.count(f"ring {ring}") == workers, result.stdout[-2000:]
+        runs[all_reduce, workers] = [np.load(out / f"weights-{all_reduce}-{workers}-worker:{i}.npz")
+                                     for i in range(workers)]
+    return runs
 
 
-def test_the_tcp_ring_trains_like_tensorflows_collectives(tcp_runs):
-    """all_reduce='tcp': both workers end bit for bit equal, and equal to TensorFlow's ring within
-    float32 summation order."""
-    tcp, tf_collectives = tcp_runs["tcp"], tcp_runs["auto"]
-    names = [n for n in tcp[0].files if n.startswith("arr_")]
-    assert names and all(np.array_equal(tcp[0][n], tcp[1][n]) for n in names)
-    assert max(float(np.abs(tcp[0][n] - tf_collectives[0][n]).max()) for n in names) < 1e-5
-    assert tcp[0]["loss"][-1] < tcp[0]["loss"][0] / 2
+@pytest.mark.parametrize("workers", [2, 3])
+def test_the_default_tcp_ring_trains_as_one_device_with_the_global_batch(gradient_sums, workers):
+    """By default CPU workers sum their gradients over kdist's TCP ring: every worker ends bit
+    for bit equal, and equal to one device with the global batch within float32 summation
+    order, as TensorFlow's collectives are."""
+    ring, alone = gradient_sums["auto", workers], gradient_sums["one device"][0]
+    names = [n for n in alone.files if n.startswith("arr_")]
+    assert names and all(np.array_equal(ring[0][n], other[n]) for other in ring[1:] for n in names)
+    assert max(float(np.abs(ring[0][n] - alone[n]).max()) for n in names) < 1e-5
+    tf_collectives = gradient_sums["ring", 2][0]
+    assert max(float(np.abs(tf_collectives[n] - alone[n]).max()) for n in names) < 1e-5
+    assert ring[0]["loss"][-1] < ring[0]["loss"][0] / 2

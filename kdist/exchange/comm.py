@@ -21,14 +21,14 @@ import os
 from kdist import global_state, validators
 from kdist.keras_seam import tf_internals
 from kdist.layers import placement
-from kdist.strategies import cluster_of, is_multi_worker
+from kdist.strategies import cluster_of, sums_over_tcp
 from kdist.strategies.registry import options_of
 
 
 class Comm:
     """The collectives of the current replica context, batched over lists of tensors, and the
-    optimizer step they serve (`step`, a tensor). Under a multi-worker strategy built with
-    ``all_reduce="tcp"`` the sums on the replica's device go through kdist's TCP ring
+    optimizer step they serve (`step`, a tensor). Where kdist's TCP ring sums the gradients
+    (`tcp_ring`: CPU workers by default), the sums on the replica's device go through it
     (`kdist.exchange.ring`) instead of TensorFlow's collectives."""
 
     def __init__(self, replica_context, step):
@@ -142,10 +142,11 @@ def ring_port() -> int:
 
 
 def tcp_ring(strategy):
-    """The TCP ring of a multi-worker strategy built with ``all_reduce="tcp"``, else None."""
-    options = options_of(strategy)
-    if options.all_reduce != "tcp" or not is_multi_worker(strategy):
+    """The TCP ring that sums `strategy`'s gradients (`kdist.strategies.sums_over_tcp`: CPU
+    workers by default, or ``all_reduce="tcp"``), else None."""
+    if not sums_over_tcp(strategy):
         return None
+    options = options_of(strategy)
     kept = global_state.of_strategy(strategy)
     if "ring" not in kept:
         spec = cluster_of(strategy)

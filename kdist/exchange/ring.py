@@ -10,7 +10,7 @@ at once (a sender thread beside the receiving one; both release the GIL, as NumP
 
 Every worker ends with the same sum, bit for bit (each chunk is summed once, in ring order, and
 copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gradient sums here
-with ``kdist.scope(all_reduce="tcp")``; the rendezvous (each worker's listening address) goes
+by default on CPU workers (`kdist.strategies.sums_over_tcp`); the rendezvous (each worker's listening address) goes
 through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the step
 with an error naming it instead of a hang.
 
@@ -25,8 +25,6 @@ secret differs is refused and fails, naming the cause. The secret is ``KDIST_JOB
 first worker draws and shares through TensorFlow's coordination service (`kdist.exchange.comm`).
 
 >>> import numpy as np
-
-from kdist import global_state
 >>> [len(c) for c in chunks(np.zeros(10, "float32"), 3)]
 [4, 3, 3]
 """
@@ -216,8 +214,9 @@ def _admit(listener: socket.socket, secret: bytes, generation: int, rank: int, n
                             + (f"; refused {len(refused)} connection(s) that did not prove the "
                                f"job secret (from {', '.join(refused)}): a worker with another "
                                "KDIST_JOB_SECRET, or a stranger" if refused else "")
-                            + ". Fix: check that every worker uses all_reduce='tcp' with the same "
-                            "KDIST_JOB_SECRET, and that its port range is open")
+                            + ". Fix: check that every worker sums over kdist's ring (the same "
+                            "all_reduce option) with the same KDIST_JOB_SECRET, and that its port "
+                            "is open (KDIST_RING_PORT)")
         listener.settimeout(min(left, 0.5))
         try:
             sock, peer = listener.accept()
@@ -266,7 +265,10 @@ def _connect(address: str, timeout: float, name: str) -> socket.socket:
         except OSError as err:
             if time.monotonic() > deadline:
                 raise RingError(f"cannot reach the ring's successor {name} at {address} within "
-                                f"{timeout:g} s ({err})") from None
+                                f"{timeout:g} s ({err}). Fix: let the job's tasks reach each "
+                                "other's ring port (KDIST_RING_PORT; any port when unset), or "
+                                "sum with TensorFlow's collectives: kdist.scope(all_reduce='ring')"
+                                ) from None
             time.sleep(0.05)
 
 
