@@ -46,7 +46,7 @@ def worker(args):
     spec = kdist.cluster()
     rank = spec.task_index
     addresses = [spec.address("worker", i) for i in range(2)]
-    ring = _LazyRing(rank, addresses, timeout=120)
+    ring = _LazyRing(rank, addresses, timeout=120, names=addresses)
     methods = {}
     tensors = {}
     for millions in args.sizes:

@@ -1,20 +1,24 @@
-"""kdist against its peers on CPU workers: Keras 3 + kdist (TensorFlow's collectives, and kdist's
-TCP ring), Keras 2 (tf_keras) + MultiWorkerMirroredStrategy, PyTorch DDP (gloo).
+"""kdist against its peers on CPU workers: Keras 3 + kdist as a user gets it (the default path:
+kdist's TCP ring sums the gradients) and with TensorFlow's collectives (``all_reduce="ring"``),
+Keras 2 (tf_keras) + MultiWorkerMirroredStrategy, PyTorch DDP (gloo).
 
     python benchmarks/peers.py [--rounds 3] [--steps 30] [--per-worker-batch 128]
 
-The same MLP (784-1024-1024-10, 1,863,690 parameters), the same random data, the same per-worker
-batch, plain SGD, each worker process pinned to one core with one compute thread, on 127.0.0.1.
-Each round runs every contender on 1 and on 2 workers, taking turns; a run reports the median of
-its warm steps, and the table the median over rounds:
+Two MLPs (784-1024-1024-10, 1,863,690 parameters; 784-256-256-10, 269,322), the same random data,
+the same per-worker batch, plain SGD, each worker process pinned to one core with one compute
+thread, on 127.0.0.1. Each round runs every contender on 1 and on 2 workers, taking turns; a run
+reports the median of its warm steps, and the table the median over rounds:
 
 - step time on 2 workers, and the ratio to PyTorch DDP's;
 - scaling efficiency: the 1-worker step time over the 2-worker one (the per-worker batch fixed,
   so 1.0 is perfect);
-- the all-reduce of the model's gradient bytes alone (7.45 MB) with each contender's collective.
+- the all-reduce of the model's gradient bytes alone with each contender's collective (t2), and
+  the 2-worker step over max(t1, t2), t1 the 1-worker step (the classic step-time model: 1.0 is
+  a step whose exchange hides entirely behind its compute).
 
 Needs `pip install torch tf_keras` (tf_keras matching the installed TensorFlow; the CPU build of
-PyTorch). Saves benchmarks/results/peers.{json,md}.
+PyTorch); a contender whose package is missing is left out, saying so. Saves
+benchmarks/results/peers.{json,md}.
 """
 
 import argparse
@@ -29,8 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
 import results_table  # noqa: E402
 
-CONTENDERS = ("kdist tcp", "kdist", "tf_keras", "pytorch ddp")
-INPUTS, HIDDEN, CLASSES = 784, 1024, 10
+CONTENDERS = ("kdist", "kdist, TF collectives", "tf_keras", "pytorch ddp")
+MODELS = {"large": 1024, "small": 256}  # hidden width of the 784-h-h-10 MLP
+INPUTS, CLASSES = 784, 10
 
 
 def data(per_worker_batch, steps, rank):
@@ -58,7 +63,7 @@ def run_kdist(args, workers, rank):
     measure.one_thread()  # before TensorFlow starts
     import kdist
 
-    strategy = kdist.strategy(all_reduce="tcp" if args.contender == "kdist tcp" else "auto")
+    strategy = kdist.strategy(**({"all_reduce": "ring"} if "TF" in args.contender else {}))
     import keras
     import numpy as np
     import tensorflow as tf
@@ -66,12 +71,12 @@ def run_kdist(args, workers, rank):
     x, y = data(args.per_worker_batch, args.steps, 0)  # every worker the same data: DATA sharding
     x, y = np.concatenate([x] * workers), np.concatenate([y] * workers)
     with kdist.scope():
-        model = _keras_mlp(keras)
+        model = _keras_mlp(keras, args.hidden)
     step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
     if workers > 1:  # the rest of a step: the logs' all-reduce, the input pipeline
         args.parts = {"logs_all_reduce": measure.median_seconds(_tf_all_reduce(tf, strategy, tf.ones(()))),
                       "input": _input_seconds(tf, strategy, x, y, args.per_worker_batch * workers)}
-    gradient = tf.constant(np.ones(_parameters(), "float32"))
+    gradient = tf.constant(np.ones(_parameters(args.hidden), "float32"))
     from kdist.exchange.comm import tcp_ring
 
     ring = tcp_ring(strategy)
@@ -96,9 +101,9 @@ def run_tf_keras(args, workers, rank):
     x, y = data(args.per_worker_batch, args.steps, 0)
     x, y = np.concatenate([x] * workers), np.concatenate([y] * workers)
     with strategy.scope():
-        model = _keras_mlp(keras)
+        model = _keras_mlp(keras, args.hidden)
     step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
-    gradient = tf.constant(np.ones(_parameters(), "float32"))
+    gradient = tf.constant(np.ones(_parameters(args.hidden), "float32"))
     reduce = _tf_all_reduce(tf, strategy, gradient) if workers > 1 else None
     return step, measure.median_seconds(reduce) if workers > 1 else None
 
@@ -113,9 +118,10 @@ def run_ddp(args, workers, rank):
         host, _, port = spec["cluster"]["worker"][0].rpartition(":")
         dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank,
                                 world_size=workers)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(INPUTS, HIDDEN),
-                                torch.nn.ReLU(), torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
-                                torch.nn.Linear(HIDDEN, CLASSES))
+    hidden = args.hidden
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(INPUTS, hidden),
+                                torch.nn.ReLU(), torch.nn.Linear(hidden, hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(hidden, CLASSES))
     if workers > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -134,7 +140,7 @@ def run_ddp(args, workers, rank):
     step = statistics.median([b - a for a, b in zip(times, times[1:])])
     reduce = None
     if workers > 1:
-        gradient = torch.ones(_parameters())
+        gradient = torch.ones(_parameters(hidden))
         reduce = measure.median_seconds(lambda: dist.all_reduce(gradient))
         dist.destroy_process_group()
     return step, reduce
@@ -156,21 +162,22 @@ def _tf_all_reduce(tf, strategy, gradient):
     return lambda: strategy.experimental_local_results(all_reduce())[0].numpy()
 
 
-def _keras_mlp(keras):
-    model = keras.Sequential([keras.Input((INPUTS,)), keras.layers.Dense(HIDDEN, activation="relu"),
-                              keras.layers.Dense(HIDDEN, activation="relu"),
+def _keras_mlp(keras, hidden):
+    model = keras.Sequential([keras.Input((INPUTS,)), keras.layers.Dense(hidden, activation="relu"),
+                              keras.layers.Dense(hidden, activation="relu"),
                               keras.layers.Dense(CLASSES)])
     model.compile(keras.optimizers.SGD(0.01),
                   keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     return model
 
 
-def _parameters() -> int:
-    return INPUTS * HIDDEN + HIDDEN + HIDDEN * HIDDEN + HIDDEN + HIDDEN * CLASSES + CLASSES
+def _parameters(hidden: int) -> int:
+    return INPUTS * hidden + hidden + hidden * hidden + hidden + hidden * CLASSES + CLASSES
 
 
-RUNNERS = {"kdist tcp": run_kdist, "kdist": run_kdist, "tf_keras": run_tf_keras,
+RUNNERS = {"kdist": run_kdist, "kdist, TF collectives": run_kdist, "tf_keras": run_tf_keras,
            "pytorch ddp": run_ddp}
+PACKAGES = {"tf_keras": "tf_keras", "pytorch ddp": "torch"}
 
 
 def worker(args):
@@ -184,14 +191,14 @@ def worker(args):
             json.dump({"step": step, "all_reduce": reduce, "parts": args.parts}, f)
 
 
-def launch(args, contender, workers, folder):
+def launch(args, contender, hidden, workers, folder):
     from kdist.cluster.spec import ClusterSpec
     from kdist.launch import Launcher
 
     out = os.path.join(folder, "result.json")
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--contender", contender,
                "--out", out, "--steps", str(args.steps), "--per-worker-batch",
-               str(args.per_worker_batch)]
+               str(args.per_worker_batch), "--hidden", str(hidden)]
     env = {"KDIST_EAGER_MULTI_WORKER": "0"}  # tf_keras and torch: no kdist strategy
     code = Launcher(ClusterSpec.local_layout({"worker": workers}), command, timeout=900,
                     env={**os.environ, **env}).run()
@@ -207,45 +214,73 @@ def main():
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--per-worker-batch", type=int, default=128)
     parser.add_argument("--contenders", default=",".join(CONTENDERS))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--name", default="peers", help="the results' file name")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--contender", help=argparse.SUPPRESS)
+    parser.add_argument("--hidden", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    contenders = args.contenders.split(",")
-    runs = {(c, w): [] for c in contenders for w in (1, 2)}
+    contenders = [c for c in args.contenders.split(",") if _installed(c)]
+    models = args.models.split(",")
+    runs = {(m, c, w): [] for m in models for c in contenders for w in (1, 2)}
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.rounds):
-            for contender in contenders:  # take turns, round after round
-                for workers in (1, 2):
-                    runs[(contender, workers)].append(launch(args, contender, workers, folder))
-    rows = []
-    for contender in contenders:
-        one = statistics.median(r["step"] for r in runs[(contender, 1)])
-        two = statistics.median(r["step"] for r in runs[(contender, 2)])
-        reduce = statistics.median(r["all_reduce"] for r in runs[(contender, 2)])
-        parts = {name: statistics.median(r["parts"][name] for r in runs[(contender, 2)]) * 1e3
-                 for name in runs[(contender, 2)][0]["parts"]}
-        rows.append({"contender": contender, "step_1_worker_ms": one * 1e3,
-                     "step_2_workers_ms": two * 1e3, "scaling_efficiency": one / two,
-                     "all_reduce_ms": reduce * 1e3, "other_ms": (two - one - reduce) * 1e3,
-                     "parts_ms": parts,
-                     "steps_2_workers_ms": [r["step"] * 1e3 for r in runs[(contender, 2)]]})
+            for model in models:
+                for contender in contenders:  # take turns, round after round
+                    for workers in (1, 2):
+                        runs[(model, contender, workers)].append(
+                            launch(args, contender, MODELS[model], workers, folder))
+    rows = [_row(model, contender, runs) for model in models for contender in contenders]
+    tables = [_table(model, [r for r in rows if r["model"] == model], args) for model in models]
+    results_table.save(args.name, "\n\n".join(tables), {"rows": rows, "args": vars(args)})
+
+
+def _installed(contender: str) -> bool:
+    import importlib.util
+
+    package = PACKAGES.get(contender)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return True
+    print(f"peers: {contender} left out: `pip install {package}` to measure it", file=sys.stderr)
+    return False
+
+
+def _row(model: str, contender: str, runs) -> dict:
+    one = statistics.median(r["step"] for r in runs[(model, contender, 1)])
+    two = statistics.median(r["step"] for r in runs[(model, contender, 2)])
+    reduce = statistics.median(r["all_reduce"] for r in runs[(model, contender, 2)])
+    parts = {name: statistics.median(r["parts"][name] for r in runs[(model, contender, 2)]) * 1e3
+             for name in runs[(model, contender, 2)][0]["parts"]}
+    return {"model": model, "parameters": _parameters(MODELS[model]), "contender": contender,
+            "step_1_worker_ms": one * 1e3, "step_2_workers_ms": two * 1e3,
+            "scaling_efficiency": one / two, "all_reduce_ms": reduce * 1e3,
+            "step_over_max_t1_t2": two / max(one, reduce),
+            "other_ms": (two - one - reduce) * 1e3, "parts_ms": parts,
+            "steps_2_workers_ms": [r["step"] * 1e3 for r in runs[(model, contender, 2)]]}
+
+
+def _table(model: str, rows: list, args) -> str:
+    hidden = MODELS[model]
+    parameters = _parameters(hidden)
     ddp = next((r for r in rows if r["contender"] == "pytorch ddp"), None)
-    lines = [f"Per-worker batch {args.per_worker_batch}, 784-1024-1024-10 MLP (1,863,690 "
-             f"parameters, 7.45 MB of gradients), SGD; median of {args.rounds} rounds.", "",
-             "| contender | step, 2 workers | / DDP | step, 1 worker | scaling efficiency | "
-             "all-reduce of 7.45 MB | other (2 workers - 1 worker - all-reduce) | of which "
-             "logs' all-reduce, input |", "|---|---|---|---|---|---|---|---|"]
+    lines = [f"MLP 784-{hidden}-{hidden}-10 ({parameters:,} parameters, {parameters * 4 / 1e6:.2f} "
+             f"MB of gradients), per-worker batch {args.per_worker_batch}, SGD; median of "
+             f"{args.rounds} rounds.", "",
+             "| contender | step, 2 workers | / DDP | step, 1 worker (t1) | scaling efficiency | "
+             "all-reduce of the gradients (t2) | step / max(t1, t2) | other (2 workers - t1 - t2) "
+             "| of which logs' all-reduce, input |", "|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         versus = f"{row['step_2_workers_ms'] / ddp['step_2_workers_ms']:.2f}" if ddp else "n/a"
         parts = ", ".join(f"{row['parts_ms'][k]:.1f} ms" for k in ("logs_all_reduce", "input")) \
             if row["parts_ms"] else "n/a"
         lines.append(f"| {row['contender']} | {row['step_2_workers_ms']:.1f} ms | {versus} | "
                      f"{row['step_1_worker_ms']:.1f} ms | {row['scaling_efficiency']:.2f} | "
-                     f"{row['all_reduce_ms']:.1f} ms | {row['other_ms']:.1f} ms | {parts} |")
-    results_table.save("peers", "\n".join(lines), {"rows": rows, "args": vars(args)})
+                     f"{row['all_reduce_ms']:.1f} ms | {row['step_over_max_t1_t2']:.2f} | "
+                     f"{row['other_ms']:.1f} ms | {parts} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

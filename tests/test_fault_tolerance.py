@@ -118,6 +118,38 @@ def test_a_hung_peer_makes_the_survivor_fail_within_dead_peer_timeout(tmp_path, 
     assert detection < bound
 
 
+def test_a_killed_peer_of_the_default_tcp_ring_fails_every_member_naming_it(tmp_path):
+    """Three workers sum their gradients over kdist's TCP ring (the default on CPU workers);
+    worker:1 is SIGKILLed between two steps. Both survivors exit with an error that names it
+    within dead_peer_timeout, never hanging: the next step's first collective is TensorFlow's
+    (its distributed input checks that every worker has data), so TF's coordination service
+    names it here; a member dying inside the ring's own collective: tests/test_ring.py."""
+    bound = 20
+    spec = ClusterSpec.local_layout({"worker": 3})
+    tasks = [subprocess.Popen(
+        [sys.executable, FAULT_JOB, str(tmp_path), "--fault", "worker:1:0:1:7:KILL",
+         "--dead-peer-timeout", str(bound)], cwd=ROOT,
+        env={**os.environ, **QUIET_TF, "TF_CONFIG": spec.tf_config_json("worker", i)},
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
+    try:
+        outputs = {i: tasks[i].communicate(timeout=scaled(180))[0] for i in (0, 2)}
+        exited = time.time()
+    finally:
+        for task in tasks:
+            task.kill()
+            task.wait()
+    with open(os.path.join(tmp_path, "fault-worker:1.json")) as f:
+        killed = json.load(f)["time"]
+    print(f"every survivor failed {exited - killed:.1f} s after the kill")
+    assert exited - killed < bound
+    for i in (0, 2):
+        assert tasks[i].returncode not in (0, None)
+        named = re.search(r"worker:1 \(127\.0\.0\.1:\d+\) (closed|reset) the connection"
+                          r"|/job:worker/replica:0/task:1", outputs[i])
+        assert named, outputs[i][-3000:]
+        print(f"worker:{i}: {named.group(0)}")
+
+
 def test_dead_peer_bound_sets_the_coordination_services_heartbeat():
     """In a fresh process: kdist configures TF's coordination service before MWMS does, with the
     heartbeat timeout derived from dead_peer_timeout (MWMS then keeps that configuration)."""

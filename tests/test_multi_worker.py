@@ -186,18 +186,22 @@ def test_tf_servers_listen_on_their_tf_config_ports(job):
 def test_kdist_adds_no_op_to_the_traced_train_step(job):
     """kdist's patches act at trace time (or only under PS): without the step clock, the step TF
     runs is the one a user writing MWMS + fit by hand, with the workarounds fit needs to run and
-    to log right, gets, but for the gradients' sum: on these CPU workers kdist's TCP ring takes
-    it by default, one PyFunc in place of TensorFlow's CollectiveReduceV2 and its packing ops.
-    The step clock adds its three readings and nothing else."""
+    to log right, gets, but for the sums: on these CPU workers kdist's TCP ring takes the
+    gradients' by default, and the logs' (loss and accuracy) in one more, two PyFuncs in place of
+    TensorFlow's three CollectiveReduceV2 and their packing ops. The step clock adds its three
+    readings and nothing else."""
     for report in job["reports"].values():
         ops = report["train_step_ops"]
         assert sum(ops["kdist"].values()) > 50
         kdist_ops, by_hand = collections.Counter(ops["kdist"]), collections.Counter(ops["by_hand"])
         added, removed = kdist_ops - by_hand, by_hand - kdist_ops
-        assert set(added) == {"PyFunc"}, added  # counted once per graph that holds the step
-        assert removed["CollectiveReduceV2"] == added["PyFunc"]  # the gradients' sum, no other
+        assert set(added) <= {"PyFunc", "Pack", "Unpack", "RealDiv"}, added
+        graphs = added["PyFunc"] // 2  # counted once per graph that holds the step
+        assert graphs in (1, 2) and added["PyFunc"] == 2 * graphs, added
+        assert removed["CollectiveReduceV2"] == 3 * graphs, removed  # gradients, loss, accuracy
+        assert kdist_ops["CollectiveReduceV2"] == by_hand["CollectiveReduceV2"] - 3 * graphs
         assert set(removed) <= {"CollectiveReduceV2", "Placeholder", "Const", "Pack", "Prod",
-                                "Identity", "IdentityN"}, removed
+                                "Identity", "IdentityN", "RealDiv", "Reshape", "SplitV"}, removed
         # with the step clock (the default): three readings, each a timestamp in a cond on one
         # value of each tensor, written to the clock's variable (counted once per graph that
         # holds the step: the step's own, and its caller's where Keras inlines it)

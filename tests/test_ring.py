@@ -5,7 +5,9 @@ the job's secret is refused while the ring forms all the same, and a worker with
 fails naming the cause. (Two real worker processes training through it:
 tests/test_multi_worker.py.)"""
 
+import re
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -97,7 +99,35 @@ def test_a_silent_peer_fails_the_all_reduce_naming_it():
         members[0].all_reduce_sum(np.ones(1000, "float32"))  # worker 1 never joins this one
 
 
-def test_rings_of_other_models_do_not_mix():
+def test_a_member_that_stops_fails_every_other_member_promptly_naming_a_peer():
+    """Member 1 of 3 stops (its sockets close, as when its process dies) during a collective:
+    member 2 fails naming it; member 0 fails as soon as member 2's failure closes the ring, long
+    before the 20 s timeout, never hanging."""
+    members = rings(3, timeout=20.0)
+    errors: dict = {}
+
+    def sum_on(rank):
+        try:
+            members[rank].all_reduce_sum(np.ones(4_000_000, "float32"))
+        except RingError as error:
+            errors[rank] = (str(error), time.monotonic())
+
+    threads = [threading.Thread(target=sum_on, args=(r,)) for r in (0, 2)]
+    for thread in threads:
+        thread.start()
+    time.sleep(0.2)
+    stopped = time.monotonic()
+    members[1].close()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert set(errors) == {0, 2}, errors
+    assert re.search(r"127\.0\.0\.1:9001 (closed|reset) the connection", errors[2][0])
+    assert re.search(r"127\.0\.0\.1:900[12] (closed|reset) the connection|sending to "
+                     r"127\.0\.0\.1:9001 failed", errors[0][0]), errors[0][0]
+    assert max(at for _, at in errors.values()) - stopped < 5
+
+
+
     """Each ring is a generation (every worker builds its models in the same order): a worker
     that joins another generation's ring is refused, naming the fix."""
     store = {"kdist/ring/3/1": "127.0.0.1:1"}  # a stale address of another ring

@@ -7,7 +7,7 @@ collectives, with the phases of `kdist.exchange.phases.PhaseCallback`.
 [[3, 2], [1, 0]]
 """
 
-from kdist.exchange.comm import Comm
+from kdist.exchange.comm import Comm, scalar_means
 from kdist.exchange.pipeline import Exchange, Phase, plain_sum
 
-__all__ = ["Comm", "Exchange", "Phase", "plain_sum"]
+__all__ = ["Comm", "Exchange", "Phase", "plain_sum", "scalar_means"]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import os
+import weakref
 
 from kdist import global_state, validators
 from kdist.keras_seam import tf_internals
@@ -36,7 +37,6 @@ class Comm:
         self.replicas = replica_context.num_replicas_in_sync
         self.step = step
         self._ring = tcp_ring(replica_context.strategy)
-        self._last = []  # the ring's last collective: the next one runs after it
 
     def all_reduce_sum(self, tensors: list) -> list:
         """Sums `tensors` over the replicas; a model-parallel shard's tensor (off the replica's
@@ -72,10 +72,10 @@ class Comm:
             by_dtype.setdefault(tensor.dtype, []).append(k)
         for dtype, positions in by_dtype.items():
             flat = tf.concat([tf.reshape(tensors[k], [-1]) for k in positions], axis=0)
-            with tf.control_dependencies(self._last):
+            with tf.control_dependencies(self._ring.issued()):
                 total = tf.numpy_function(self._ring.all_reduce_sum, [flat], dtype, stateful=True)
             total.set_shape(flat.shape)
-            self._last = [total]
+            self._ring.issue(total)
             sizes = [tensors[k].shape.num_elements() for k in positions]
             for k, part in zip(positions, tf.split(total, sizes)):
                 summed[k] = tf.reshape(part, tensors[k].shape)
@@ -88,13 +88,67 @@ class Comm:
         return self._context.all_gather(list(tensors), axis=0)
 
 
+def scalar_means(strategy, values: list, ring_allowed: bool = True) -> list:
+    """The mean over the replicas of each float32 scalar in `values` (per-replica values, in
+    cross-replica context: a step's logs), in one collective of them all: kdist's TCP ring where
+    it summed this step's gradients in the same traced function (so that it runs after them, in
+    the same order on every worker) and `ring_allowed` (the function runs one step: a loop of
+    steps could start the next step's gradient sum before this one), else TensorFlow's
+    all-reduce.
+
+    >>> import tensorflow as tf
+    >>> [float(m) for m in scalar_means(tf.distribute.get_strategy(), [tf.constant(2.0)])]
+    [2.0]
+    """
+    import tensorflow as tf
+
+    if not values:
+        return []
+    ring = tcp_ring(strategy)
+    over_ring = ring_allowed and ring is not None and bool(ring.issued())
+
+    def packed_sum(*scalars):
+        context = tf.distribute.get_replica_context()
+        packed = tf.stack(scalars)
+        if over_ring:
+            return Comm(context, step=None).all_reduce_sum([packed])[0]
+        return context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
+
+    summed = strategy.run(packed_sum, args=tuple(values))
+    means = strategy.experimental_local_results(summed)[0] / strategy.num_replicas_in_sync
+    return tf.unstack(means, num=len(values))
+
+
 class _LazyRing:
     """A strategy's TCP ring, connected on its first all-reduce (inside the first step, when
-    every worker reaches it), through TensorFlow's coordination service."""
+    every worker reaches it), through TensorFlow's coordination service.
 
-    def __init__(self, rank: int, addresses: list[str], timeout: float):
-        self.rank, self.addresses, self.timeout = rank, addresses, timeout
+    Every worker must issue the ring's collectives in one order, and a traced function runs ops
+    that do not depend on each other in any order: each collective traced into a graph runs
+    after the one traced into it before (`issued`, `issue`), whoever traced it (the gradients'
+    exchange, then the step's logs)."""
+
+    def __init__(self, rank: int, addresses: list[str], timeout: float, names: list[str]):
+        self.rank, self.addresses, self.timeout, self.names = rank, addresses, timeout, names
         self._ring = None
+        self._last = weakref.WeakKeyDictionary()  # graph -> its last ring collective
+
+    def issued(self) -> list:
+        """The ring collective last traced into the current graph (none when eager: ops run in
+        the order Python issues them)."""
+        import tensorflow as tf
+
+        if tf.executing_eagerly():
+            return []
+        last = self._last.get(tf.compat.v1.get_default_graph())
+        return [last] if last is not None else []
+
+    def issue(self, collective) -> None:
+        """`collective` is the last ring collective of the current graph."""
+        import tensorflow as tf
+
+        if not tf.executing_eagerly():
+            self._last[tf.compat.v1.get_default_graph()] = collective
 
     def all_reduce_sum(self, array):
         """Sums the packed buffer `array` in place (it is the exchange's own: nothing else
@@ -105,7 +159,7 @@ class _LazyRing:
             lookup = lambda key: tf_internals.get_job_key(key, int(self.timeout * 1000))  # noqa
             self._ring = Ring.connect(self.rank, self.addresses, tf_internals.set_job_key, lookup,
                                       self.timeout, secret=job_secret(self.rank, lookup),
-                                      port=ring_port())
+                                      port=ring_port(), names=self.names)
         return self._ring.all_reduce_sum(array, in_place=True)
 
 
@@ -152,6 +206,8 @@ def tcp_ring(strategy):
         spec = cluster_of(strategy)
         tasks = [(t, i) for t, i in spec.tasks() if t in ("chief", "worker")]
         timeout = options.collective_timeout or options.dead_peer_timeout
-        kept["ring"] = _LazyRing(tasks.index((spec.task_type, spec.task_index)),
-                                 [spec.address(t, i) for t, i in tasks], timeout)
+        addresses = [spec.address(t, i) for t, i in tasks]
+        kept["ring"] = _LazyRing(tasks.index((spec.task_type, spec.task_index)), addresses,
+                                 timeout, [f"{t}:{i} ({address})"
+                                           for (t, i), address in zip(tasks, addresses)])
     return kept["ring"]

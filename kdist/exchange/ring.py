@@ -78,14 +78,16 @@ class Ring:
     # ------------------------------------------------------------------ rendezvous
     @classmethod
     def connect(cls, rank: int, addresses: list[str], publish, lookup, timeout: float,
-                generation: int | None = None, secret: bytes = b"", port: int = 0) -> "Ring":
+                generation: int | None = None, secret: bytes = b"", port: int = 0,
+                names: list[str] | None = None) -> "Ring":
         """Joins the ring of `len(addresses)` workers as `rank`: listens on this worker's host
         (`port`, 0: any free one), `publish(key, "host:port")`es the address, connects to the
         successor's (`lookup(key)`, blocking), proves `secret` to it, and accepts the
         predecessor once it has proved the same secret. `generation` tells the rings of one job
-        apart (default: this process's count of rings)."""
+        apart (default: this process's count of rings); errors call the workers `names`
+        (default: their addresses)."""
         size = len(addresses)
-        names = list(addresses)
+        names = list(names or addresses)
         if size == 1:
             return cls(rank, size, None, None, names)
         if generation is None:  # every worker builds its rings in the same order: the same keys
@@ -133,17 +135,24 @@ class Ring:
             flat = result.reshape(-1)  # a view: summing into it sums into `result`
             if self.size == 1 or flat.size == 0:
                 return result
-            parts = chunks(flat, self.size)
-            rank, size = self.rank, self.size
-            scratch = self._scratch_for(max(p.nbytes for p in parts)).view(flat.dtype)
-            for step in range(size - 1):  # reduce-scatter
-                incoming = parts[(rank - step - 1) % size]
-                received = scratch[:incoming.size]
-                self._exchange(parts[(rank - step) % size], received)
-                np.add(incoming, received, out=incoming)
-            for step in range(size - 1):  # all-gather
-                self._exchange(parts[(rank - step + 1) % size], parts[(rank - step) % size])
+            try:
+                self._sum_into(flat)
+            except RingError:
+                self.close()  # the ring is broken: its other members learn it now, not at timeout
+                raise
             return result
+
+    def _sum_into(self, flat: np.ndarray) -> None:
+        parts = chunks(flat, self.size)
+        rank, size = self.rank, self.size
+        scratch = self._scratch_for(max(p.nbytes for p in parts)).view(flat.dtype)
+        for step in range(size - 1):  # reduce-scatter
+            incoming = parts[(rank - step - 1) % size]
+            received = scratch[:incoming.size]
+            self._exchange(parts[(rank - step) % size], received)
+            np.add(incoming, received, out=incoming)
+        for step in range(size - 1):  # all-gather
+            self._exchange(parts[(rank - step + 1) % size], parts[(rank - step) % size])
 
     def _scratch_for(self, nbytes: int) -> np.ndarray:
         if self._scratch.nbytes < nbytes:
@@ -173,6 +182,10 @@ class Ring:
     def close(self) -> None:
         for sock in (self._next, self._previous):
             if sock is not None:
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes a thread blocked on it, too
+                except OSError:
+                    pass
                 sock.close()
 
 
@@ -280,6 +293,9 @@ def _receive_into(sock: socket.socket, view: memoryview, name: str) -> None:
         except socket.timeout:
             raise RingError(f"{name} sent nothing for {sock.gettimeout():g} s: the peer died or "
                             "hangs (dead_peer_timeout)") from None
+        except OSError as err:  # a reset: the peer's process ended
+            raise RingError(f"{name} reset the connection ({err.strerror or err}): the peer "
+                            "stopped") from None
         if count == 0:
             raise RingError(f"{name} closed the connection: the peer stopped")
         filled += count

@@ -13,6 +13,7 @@ import functools
 import json
 import zlib
 
+from kdist import global_state
 from kdist.keras_seam import keras_internals, one_device, versions
 from kdist.keras_seam.callbacks import FILE_CALLBACKS
 from kdist.keras_seam.hooks import connected
@@ -46,24 +47,32 @@ def _symbolic_build_without_collective(original):
     return _maybe_symbolic_build
 
 
+SEVERAL_STEPS = "keras_seam.tracing_several_steps"  # fix 5's function is tracing its steps
+
+
 # ----------------------------------------------------------------------------------------------
 # 2. `reduce_per_replica(..., "mean")` reduces every step's logs with `strategy.reduce("MEAN", v,
 #    axis=0)` under multi-worker collectives; the logs are scalars, so TF raises "Invalid reduction
-#    dimension 0 for input with 0 dimensions". Scalars are all-reduced with axis=None; tensors
-#    keep Keras's behaviour.
+#    dimension 0 for input with 0 dimensions". Scalars are averaged with axis=None, the float32
+#    ones together at the `mean_of_logs` hook (kdist: one collective for them all); tensors keep
+#    Keras's behaviour.
 def _scalar_reduce(original):
     @functools.wraps(original)
     def reduce_per_replica(values, strategy, reduction):
         import keras
+        import tensorflow as tf
 
         if reduction not in ("auto", "mean") or not is_multi_worker(strategy):
             return original(values, strategy, reduction)
-
-        def reduce(v):
-            axis = None if v.shape.rank == 0 else 0
-            return strategy.reduce("MEAN", v, axis=axis)
-
-        return keras.tree.map_structure(reduce, values)
+        flat = keras.tree.flatten(values)
+        logs = [k for k, v in enumerate(flat) if v.shape.rank == 0 and v.dtype == tf.float32]
+        reduced = [strategy.reduce("MEAN", v, axis=None if v.shape.rank == 0 else 0)
+                   if k not in logs else None for k, v in enumerate(flat)]
+        means = connected().mean_of_logs(strategy, [flat[k] for k in logs],
+                                         one_step_per_call=not global_state.get(SEVERAL_STEPS))
+        for k, mean in zip(logs, means):
+            reduced[k] = mean
+        return keras.tree.pack_sequence_as(values, reduced)
 
     return reduce_per_replica
 
@@ -171,6 +180,13 @@ def _multi_step_function(trainer, step_function):
 
     @tf.autograph.experimental.do_not_convert
     def steps(iterator):
+        global_state.set(SEVERAL_STEPS, True)  # read by reduce_per_replica (fix 2) as it traces
+        try:
+            return several(iterator)
+        finally:
+            global_state.set(SEVERAL_STEPS, False)
+
+    def several(iterator):
         k = trainer.steps_per_execution
         outputs = one_step(iterator.get_next())
 

@@ -38,6 +38,13 @@ class Hooks:
         """The replicas' gradients are summed (Keras: one all-reduce of them all)."""
         return original(optimizer, grads_and_vars)
 
+    def mean_of_logs(self, strategy, scalars: list, one_step_per_call: bool) -> list:
+        """Every step's float32 scalar logs (per-replica values, in cross-replica context)
+        averaged over the replicas of a multi-worker strategy (Keras: one all-reduce each).
+        `one_step_per_call`: the traced function runs one step, so its collectives end before
+        the next step's begin (False under ``steps_per_execution > 1``)."""
+        return [strategy.reduce("MEAN", value, axis=None) for value in scalars]
+
     def update_step(self, optimizer, grads, variables, learning_rate, original):
         """The optimizer updates `variables` with `grads` (Keras: exchange, then apply)."""
         return original(optimizer, grads, variables, learning_rate)

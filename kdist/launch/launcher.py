@@ -207,7 +207,10 @@ class Launcher:
         self.output = output or sys.stdout
         self.env = dict(os.environ if env is None else env)
         # the job's secret (kdist's TCP ring proves it, kdist.exchange.ring), drawn per launch
-        self.env.setdefault(SECRET_ENV, secrets.token_hex(16))
+        # when this launch starts every task; a launch per machine cannot draw one for all: the
+        # user's KDIST_JOB_SECRET, else the first worker's, shared through TF's coordination service
+        if hosts.all_loopback(spec):
+            self.env.setdefault(SECRET_ENV, secrets.token_hex(16))
         self.log_dir, self.tf_logs = log_dir, tf_logs
         self.network_mode = network
         self.network: private_network.PrivateNetwork | None = None

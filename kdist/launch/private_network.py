@@ -142,4 +142,7 @@ def multi_host_warning(addresses: list[str]) -> str:
     return (f"WARNING: the tasks' TensorFlow ports ({', '.join(addresses)}) listen on this "
             "machine's network, where every host that reaches them can run any op, "
             "unauthenticated. Keep the machines on a private network, or firewall these ports to "
-            "the cluster's hosts; pass --network host to accept this and silence the warning.")
+            "the cluster's hosts; pass --network host to accept this and silence the warning. "
+            "Set KDIST_JOB_SECRET to one value on every machine: kdist's TCP ring then admits only "
+            "tasks that know it (unset, the first worker draws one and shares it through "
+            "TensorFlow's coordination service, which those ports expose).")

@@ -101,6 +101,11 @@ class KdistHooks(Hooks):
             clock.reading([g for g, _ in summed], "summed")
         return summed
 
+    def mean_of_logs(self, strategy, scalars, one_step_per_call):
+        from kdist.exchange import scalar_means
+
+        return scalar_means(strategy, scalars, ring_allowed=one_step_per_call)
+
     def update_step(self, optimizer, grads, variables, learning_rate, original):
         exchange = states.exchange_of(optimizer)
         if exchange is None:

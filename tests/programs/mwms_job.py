@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from kdist.keras_seam import patches as keras_seam  # noqa: E402
-from kdist.keras_seam import classes  # noqa: E402
+from kdist.keras_seam import classes, hooks  # noqa: E402
 from kdist.keras_seam.keras_internals import epoch_iterators  # noqa: E402
 
 TFEpochIterator = classes.resolve("TFEpochIterator")  # TensorFlowTrainer's module, whatever its name
@@ -206,8 +206,11 @@ for workaround in keras_seam.PATCHES:
                            "loss_value_per_replica") \
             and workaround.applies(keras.__version__, tf.__version__):  # fit needs them to be right
         workaround.install()
+kdist_hooks = hooks.connected()
+hooks.connect(hooks.Hooks())  # by hand: Keras's own behaviour at every hook point
 report["train_step_ops"] = {"kdist": kdist_ops, "by_hand": train_step_ops(strategy.scope),
                             "watched": watched_ops}
+hooks.connect(kdist_hooks)
 keras_seam.install()
 
 
