@@ -56,6 +56,7 @@ def worker(args):
     ring = Ring.connect(rank, addresses, publish, lookup, timeout=300, generation=0,
                         secret=b"benchmark")
     torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "eth0"  # the namespace's shaped link (netlab), not lo
     host, _, port = addresses[0].rpartition(":")
     dist.init_process_group("gloo", init_method=f"tcp://{host}:{port}", rank=rank,
                             world_size=len(addresses))

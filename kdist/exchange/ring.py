@@ -197,9 +197,16 @@ def _proof(secret: bytes, nonce: bytes, generation: int, rank: int) -> bytes:
 def _prove(sock: socket.socket, secret: bytes, generation: int, rank: int, name: str,
            address: str) -> None:
     """Answers the successor's nonce with this worker's proof of the secret."""
-    nonce = _receive_exactly(sock, NONCE_BYTES, name)
-    sock.sendall(struct.pack("!II", generation, rank) + _proof(secret, nonce, generation, rank))
-    if _receive_exactly(sock, 1, name) != ACCEPTED:
+    try:
+        nonce = _receive_exactly(sock, NONCE_BYTES, name)
+        sock.sendall(struct.pack("!II", generation, rank) + _proof(secret, nonce, generation, rank))
+        verdict = _receive_exactly(sock, 1, name)
+    except (RingError, OSError) as err:  # it gave up on this worker, or on its own handshake
+        raise RingError(f"{name} at {address} ended the handshake before its verdict ({err}): "
+                        "it refused this worker's proof of the job secret, or it stopped. Fix: "
+                        "set the same KDIST_JOB_SECRET on every task of the job (or unset it on "
+                        "all of them)") from None
+    if verdict != ACCEPTED:
         raise RingError(f"{name} at {address} refused this worker's proof of the job secret: the "
                         "workers do not share one secret. Fix: set the same KDIST_JOB_SECRET on "
                         "every task of the job (or unset it on all of them)")
