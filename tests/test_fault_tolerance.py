@@ -91,29 +91,38 @@ def test_sigterm_saves_on_every_worker_exits_75_and_the_restart_redoes_nothing(t
         assert second[0] == (1, step + 1)
 
 
-@pytest.mark.parametrize("bound", [60, 6])
-def test_a_hung_peer_makes_the_survivor_fail_within_dead_peer_timeout(tmp_path, bound):
-    """worker:1 freezes (SIGSTOP: its sockets stay open, it never answers); worker:0 must exit
-    with an error naming it within dead_peer_timeout. 6 s is below TF's own detection (the
-    coordination service's heartbeat, ~11 s here), so it holds only if kdist's tuning reaches TF."""
-    spec = ClusterSpec.local_layout({"worker": 2})
+def run_with_a_faulty_peer(out, workers, signal_name, step, bound, watched):
+    """Starts `workers` fault_job tasks (dead_peer_timeout `bound`); worker:1 sends itself
+    `signal_name` after `step`. Waits for the `watched` workers to end; returns their exit codes
+    and outputs, when worker:1 was signalled and when the last watched worker ended."""
+    spec = ClusterSpec.local_layout({"worker": workers})
     tasks = [subprocess.Popen(
-        [sys.executable, FAULT_JOB, str(tmp_path), "--fault", "worker:1:0:1:5:STOP",
+        [sys.executable, FAULT_JOB, str(out), "--fault", f"worker:1:0:1:{step}:{signal_name}",
          "--dead-peer-timeout", str(bound)], cwd=ROOT,
         env={**os.environ, **QUIET_TF, "TF_CONFIG": spec.tf_config_json("worker", i)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(2)]
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(workers)]
     try:
-        output = tasks[0].communicate(timeout=scaled(180))[0]
+        outputs = {i: tasks[i].communicate(timeout=scaled(180))[0] for i in watched}
         exited = time.time()
     finally:
         for task in tasks:
             task.kill()
             task.wait()
-    with open(os.path.join(tmp_path, "fault-worker:1.json")) as f:
-        froze = json.load(f)["time"]
+    with open(os.path.join(out, "fault-worker:1.json")) as f:
+        signalled = json.load(f)["time"]
+    return {i: tasks[i].returncode for i in watched}, outputs, signalled, exited
+
+
+@pytest.mark.parametrize("bound", [60, 6])
+def test_a_hung_peer_makes_the_survivor_fail_within_dead_peer_timeout(tmp_path, bound):
+    """worker:1 freezes (SIGSTOP: its sockets stay open, it never answers); worker:0 must exit
+    with an error naming it within dead_peer_timeout. 6 s is below TF's own detection (the
+    coordination service's heartbeat, ~11 s here), so it holds only if kdist's tuning reaches TF."""
+    codes, outputs, froze, exited = run_with_a_faulty_peer(tmp_path, 2, "STOP", 5, bound, [0])
+    output = outputs[0]
     detection = exited - froze
     print(f"dead peer detected after {detection:.1f} s")
-    assert tasks[0].returncode not in (0, None)
+    assert codes[0] not in (0, None)
     assert "/job:worker/replica:0/task:1" in output and "unhealthy" in output, output[-3000:]
     assert detection < bound
 
@@ -125,25 +134,11 @@ def test_a_killed_peer_of_the_default_tcp_ring_fails_every_member_naming_it(tmp_
     (its distributed input checks that every worker has data), so TF's coordination service
     names it here; a member dying inside the ring's own collective: tests/test_ring.py."""
     bound = 20
-    spec = ClusterSpec.local_layout({"worker": 3})
-    tasks = [subprocess.Popen(
-        [sys.executable, FAULT_JOB, str(tmp_path), "--fault", "worker:1:0:1:7:KILL",
-         "--dead-peer-timeout", str(bound)], cwd=ROOT,
-        env={**os.environ, **QUIET_TF, "TF_CONFIG": spec.tf_config_json("worker", i)},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(3)]
-    try:
-        outputs = {i: tasks[i].communicate(timeout=scaled(180))[0] for i in (0, 2)}
-        exited = time.time()
-    finally:
-        for task in tasks:
-            task.kill()
-            task.wait()
-    with open(os.path.join(tmp_path, "fault-worker:1.json")) as f:
-        killed = json.load(f)["time"]
+    codes, outputs, killed, exited = run_with_a_faulty_peer(tmp_path, 3, "KILL", 7, bound, [0, 2])
     print(f"every survivor failed {exited - killed:.1f} s after the kill")
     assert exited - killed < bound
     for i in (0, 2):
-        assert tasks[i].returncode not in (0, None)
+        assert codes[i] not in (0, None)
         named = re.search(r"worker:1 \(127\.0\.0\.1:\d+\) (closed|reset) the connection"
                           r"|/job:worker/replica:0/task:1", outputs[i])
         assert named, outputs[i][-3000:]
