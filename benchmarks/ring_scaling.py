@@ -5,13 +5,14 @@ link (network namespaces, `kdist.k8s.netlab`; root and iproute2).
                                       [--rounds 5]
 
 Every worker is a process in a namespace of its own whose link `tc` shapes to `--rate` (a token
-bucket; this machine's kernel has no netem, so no latency is added), all on one bridge: every byte a worker sends crosses a link of that speed,
-as between machines. The workers sum float32 buffers of each size (millions of elements) with
-kdist's ring (`kdist.exchange.ring.Ring`, the default gradient sum on CPU workers) and with
-`torch.distributed.all_reduce` on gloo (PyTorch DDP's CPU path), taking turns round after round;
-the table shows the medians over rounds (of the slowest worker, which the step waits for) and
-the link bound: a ring moves 2 (N - 1) / N of the buffer through each worker's link, which no
-all-reduce of whole buffers over these links beats. Saves benchmarks/results/ring_scaling.{json,md}.
+bucket; this machine's kernel has no netem, so no latency is added), all on one bridge: every byte a
+worker sends crosses a link of that speed, as between machines. The workers sum float32 buffers of
+each size (millions of elements) with kdist's ring (`kdist.exchange.ring.Ring`, the default gradient
+sum on CPU workers) and with `torch.distributed.all_reduce` on gloo (PyTorch DDP's CPU path), taking
+turns round after round; the table shows the medians over rounds (of the slowest worker, which the
+step waits for) and the link bound: a ring moves 2 (N - 1) / N of the buffer through each worker's
+link, which no all-reduce of whole buffers over these links beats. Saves
+benchmarks/results/ring_scaling.{json,md}.
 
 The machine has 2 cores: at 8 workers the processes share them, so figures there include waiting
 for a core; both contenders share the same cores in turn.

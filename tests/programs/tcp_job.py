@@ -28,6 +28,6 @@ with kdist.scope():
     model.compile(keras.optimizers.SGD(0.05), "mse")  # not Adam: it hides a scaled sum
 history = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=3, shuffle=False, verbose=0)
 spec = kdist.cluster()
-np.savez(os.path.join(out_dir, f"weights-{all_reduce}-{spec.num_workers}-{spec.task or 'local'}"
-                               ".npz"), *model.get_weights(), loss=np.array(history.history["loss"]))
+name = f"weights-{all_reduce}-{spec.num_workers}-{spec.task or 'local'}.npz"
+np.savez(os.path.join(out_dir, name), *model.get_weights(), loss=np.array(history.history["loss"]))
 print("ring", comm.tcp_ring(strategy) is not None, flush=True)
