@@ -61,20 +61,12 @@ class StopWorker(keras.callbacks.Callback):
         process.send_signal(signal.SIGSTOP)
         before = int(self.model.optimizer.iterations.numpy())
 
-        def count():
-            self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
-
         def resume():  # SIGCONT whatever happens: the epoch's end waits for worker 2's step
-            reading = threading.Thread(target=count, daemon=True)
             try:
                 time.sleep(STOP_SECONDS)
-                reading.start()
-                # the read may itself wait for worker 2 (a ksync update in flight): it must not
-                # keep worker 2 stopped, so SIGCONT follows within 10 s whatever the read does
-                reading.join(timeout=10)
+                self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
             finally:
                 process.send_signal(signal.SIGCONT)
-            reading.join()
 
         self.thread = threading.Thread(target=resume)
         self.thread.start()
