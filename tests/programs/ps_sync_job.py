@@ -67,9 +67,20 @@ class StopWorker(keras.callbacks.Callback):
                 self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
             finally:
                 process.send_signal(signal.SIGCONT)
+            # The tf2.17 tier twice hung here with worker 2 still stopped after this thread had
+            # ended (its stacks, from kdist launch --timeout): SIGCONT again until the epoch ends.
+            for _ in range(60):  # at most 2 minutes: a failed fit ends the program all the same
+                if self.epoch_ended.wait(2):
+                    break
+                process.send_signal(signal.SIGCONT)
 
+        self.epoch_ended = threading.Event()
         self.thread = threading.Thread(target=resume)
         self.thread.start()
+
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            self.epoch_ended.set()
 
 
 # ksync:3 on one fixed batch: each update is the mean of 3 identical gradients
