@@ -51,8 +51,9 @@ def sums_over_tcp(strategy) -> bool:
     worker runs one replica on its CPU. There TensorFlow's collectives copy every chunk through
     gRPC's protobufs, several times the ring's time on the same bytes
     (benchmarks/results/collectives.md). GPUs keep TensorFlow's choice (NCCL), and
-    ``all_reduce="ring"`` keeps TensorFlow's collectives on CPUs. TensorFlow's collectives carry
-    everything else (metrics, batch-norm statistics, barriers) in every case."""
+    ``all_reduce="ring"`` keeps TensorFlow's collectives on CPUs. Beside the gradients only the
+    step's logs ride the ring (`kdist.exchange.scalar_means`); TensorFlow's collectives carry the
+    rest (batch-norm statistics, barriers, the input's checks)."""
     options = registry.options_of(strategy)
     if not strategy_kinds.is_multi_worker(strategy) or not registry.built_by_kdist(strategy):
         return False

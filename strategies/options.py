@@ -30,8 +30,8 @@ class StrategyOptions:
             (`kdist.exchange.ring`, `kdist.strategies.sums_over_tcp`); elsewhere TensorFlow's
             choice (NCCL between GPUs). ``"ring"`` or ``"nccl"``: TensorFlow's collective
             implementation for the gradients too. ``"tcp"``: kdist's ring, asked for (an error
-            where a worker runs several replicas). TensorFlow's collectives carry the rest
-            (metrics, batch-norm statistics) in every case.
+            where a worker runs several replicas). Beside the gradients only the step's logs
+            ride the ring; TensorFlow's collectives carry the rest (batch-norm statistics).
         bytes_per_pack: pack gradients into chunks of this many bytes before all-reducing (0: TF's
             default of one pack per dtype).
         collective_timeout: seconds after which one collective fails (None: no per-op limit).
