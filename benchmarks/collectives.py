@@ -61,9 +61,9 @@ def worker(args):
         return lambda: strategy.experimental_local_results(all_reduce())[0].numpy()
 
     def ring_sum_of(values):
-        all_reduce = tf.function(lambda: tf.numpy_function(ring.all_reduce_sum, [values],
-                                                           tf.float32, stateful=True))
-        return lambda: all_reduce().numpy()
+        all_reduce = tf.function(lambda: tf.numpy_function(ring.all_reduce_sums, [values],
+                                                           [tf.float32], stateful=True))
+        return lambda: all_reduce()[0].numpy()
 
     tf_sums = {m: tf_sum_of(v) for m, v in tensors.items()}
     ring_sums = {m: ring_sum_of(v) for m, v in tensors.items()}
@@ -121,7 +121,7 @@ def _socket_bound(ring, sizes) -> dict:
     at once (the ring's own connections, without its adds or copies)."""
     import numpy as np
 
-    ring.all_reduce_sum(np.zeros(8, "float32"))  # connects
+    ring.all_reduce_sums(np.zeros(8, "float32"))  # connects
     connected = ring._ring
     bound = {}
     for millions in sizes:

@@ -47,15 +47,16 @@ def data(per_worker_batch, steps, rank):
     return x, y
 
 
-def timed_fit_keras(keras, model, x, y, batch, steps):
-    """Median seconds of the warm steps (the second of two epochs)."""
+def timed_fit_keras(keras, model, x, y, batch, steps, callbacks=()):
+    """Median seconds of the warm steps (the second of two epochs), with `callbacks` too."""
     times = []
 
     class Clock(keras.callbacks.Callback):
         def on_train_batch_end(self, step, logs=None):
             times.append(time.perf_counter())
 
-    model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False, callbacks=[Clock()])
+    model.fit(x, y, batch_size=batch, epochs=2, verbose=0, shuffle=False,
+              callbacks=[*callbacks, Clock()])
     return statistics.median([b - a for a, b in zip(times[steps:], times[steps + 1:])])
 
 
@@ -76,11 +77,11 @@ def run_kdist(args, workers, rank):
     from kdist.exchange.comm import tcp_ring
 
     ring = tcp_ring(strategy)
-    gradient = tf.constant(np.ones(_parameters(args.hidden), "float32"))
-    reduce = _ring_sum(tf, ring, gradient) if ring is not None else \
-        _tf_all_reduce(tf, strategy, gradient)
+    gradients = [tf.ones(v.shape) for v in model.trainable_variables]
+    reduce = _ring_sum(tf, ring, gradients) if ring is not None else \
+        _tf_all_reduce(tf, strategy, gradients)
     if workers > 1:  # the rest of a step: the logs' all-reduce (loss), the input pipeline
-        logs = tf.ones((1,))
+        logs = [tf.ones((1,))]
         args.parts = {"logs_all_reduce": measure.median_seconds(
             _ring_sum(tf, ring, logs) if ring is not None else _tf_all_reduce(tf, strategy, logs)),
             "input": _input_seconds(tf, strategy, x, y, args.per_worker_batch * workers)}
@@ -101,8 +102,8 @@ def run_tf_keras(args, workers, rank):
     with strategy.scope():
         model = _keras_mlp(keras, args.hidden)
     step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
-    gradient = tf.constant(np.ones(_parameters(args.hidden), "float32"))
-    reduce = _tf_all_reduce(tf, strategy, gradient) if workers > 1 else None
+    gradients = [tf.ones(v.shape) for v in model.trainable_variables]
+    reduce = _tf_all_reduce(tf, strategy, gradients) if workers > 1 else None
     return step, measure.median_seconds(reduce) if workers > 1 else None
 
 
@@ -153,18 +154,20 @@ def _input_seconds(tf, strategy, x, y, global_batch):
     return measure.median_seconds(lambda: next(iterator))
 
 
-def _ring_sum(tf, ring, values):
-    """A call of kdist's ring all-reduce of `values`, from a tf.function as the step calls it."""
-    ring_sum = tf.function(lambda: tf.numpy_function(ring.all_reduce_sum, [values * 1.0],
-                                                     tf.float32, stateful=True))
-    return lambda: ring_sum().numpy()
+def _ring_sum(tf, ring, tensors):
+    """A call of kdist's ring all-reduce of the list `tensors`, from a tf.function as the step
+    calls it."""
+    ring_sum = tf.function(lambda: tf.numpy_function(ring.all_reduce_sums, tensors,
+                                                     [tf.float32] * len(tensors), stateful=True))
+    return lambda: ring_sum()[0].numpy()
 
 
-def _tf_all_reduce(tf, strategy, gradient):
-    """A call of the strategy's all-reduce of `gradient` (TensorFlow's collectives)."""
+def _tf_all_reduce(tf, strategy, tensors):
+    """A call of the strategy's all-reduce of the list `tensors` (TensorFlow's collectives, which
+    pack them as Keras's step does)."""
     all_reduce = tf.function(lambda: strategy.run(
-        lambda: tf.distribute.get_replica_context().all_reduce("SUM", gradient)))
-    return lambda: strategy.experimental_local_results(all_reduce())[0].numpy()
+        lambda: tf.distribute.get_replica_context().all_reduce("SUM", tensors)))
+    return lambda: strategy.experimental_local_results(all_reduce())[0][0].numpy()
 
 
 def _keras_mlp(keras, hidden):

@@ -202,7 +202,8 @@ def test_kdist_adds_no_op_to_the_traced_train_step(job):
         assert sums in {(2 * g, 3 * g) for g in (1, 2)} | {(g, 2 * g) for g in (1, 2)}, sums
         assert kdist_ops["CollectiveReduceV2"] == by_hand["CollectiveReduceV2"] - sums[1]
         assert set(removed) <= {"CollectiveReduceV2", "Placeholder", "Const", "Pack", "Prod",
-                                "Identity", "IdentityN", "RealDiv", "Reshape", "SplitV"}, removed
+                                "Identity", "IdentityN", "RealDiv", "Reshape", "SplitV",
+                                "ConcatV2"}, removed
         # with the step clock (the default): three readings, each a timestamp in a cond on one
         # value of each tensor, written to the clock's variable (counted once per graph that
         # holds the step: the step's own, and its caller's where Keras inlines it)

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 
-from kdist.exchange.ring import Ring, RingError
+from kdist.exchange.ring import Outputs, Ring, RingError
 
 
 def rings(size, timeout=20.0, generation=0, secrets=None, store=None, errors=None):
@@ -91,6 +91,52 @@ def test_in_place_sums_into_the_buffer_given_and_copies_otherwise():
     summed = all_reduce(members, arrays, in_place=True)
     assert all(s is a for s, a in zip(summed, arrays)) and np.all(arrays[0] == 3.0)
     assert np.array_equal(copied[0], arrays[0])
+
+
+def test_a_list_sums_as_its_concatenation_would_leaving_the_inputs_alone():
+    """The step's gradients go to the ring as a list (no packing copy): the sums equal, bit for
+    bit, those of the packed buffer; the inputs are untouched (others may read the gradients);
+    each sum is aligned for TensorFlow to take it without a copy."""
+    members = rings(3)
+    rng = np.random.default_rng(3)
+    shapes = [(5, 7), (0,), (1,), (1000, 3), (2,)]  # chunks spanning several arrays, an empty one
+    lists = [[rng.normal(size=s).astype("float32") for s in shapes] for _ in members]
+    kept = [[a.copy() for a in arrays] for arrays in lists]
+    results = [None] * len(members)
+    threads = [threading.Thread(target=lambda r=r: results.__setitem__(
+        r, members[r].all_reduce_sums(lists[r]))) for r in range(len(members))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    packed = all_reduce(members, [np.concatenate([a.ravel() for a in arrays]) for arrays in lists])
+    for rank, sums in enumerate(results):
+        assert [s.shape for s in sums] == shapes
+        assert np.array_equal(np.concatenate([s.ravel() for s in sums]), packed[0])
+        assert all(np.array_equal(a, k) for a, k in zip(lists[rank], kept[rank]))
+        assert all(s.ctypes.data % 64 == 0 for s in sums if s.size)
+    for member in members:
+        member.close()
+
+
+def test_the_sums_arrays_are_reused_only_once_nobody_holds_them_or_a_view():
+    """A step's sums go to TensorFlow without a copy, then come back to the ring for the next
+    step (new pages cost a fault each): never while TensorFlow's tensor of one, or a view of
+    one, is alive."""
+    outputs = Outputs()
+    layout = [((3,), "float32"), ((2, 2), "float32")]
+    first = outputs.take(layout)
+    second = outputs.take(layout)
+    assert not any(a is b for a in first for b in second)  # the first set is held
+    ids = [id(a) for a in first]
+    del first
+    assert [id(a) for a in outputs.take(layout)] == ids  # released: reused
+    view = second[1][0]  # a view of one of the second set
+    ids_second = [id(a) for a in second]
+    del second
+    third = outputs.take(layout)
+    assert not {id(a) for a in third} & set(ids_second)
+    assert view.base is not None and all(a.ctypes.data % 64 == 0 for a in third)
 
 
 def test_a_silent_peer_fails_the_all_reduce_naming_it():

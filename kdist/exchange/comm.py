@@ -62,8 +62,9 @@ class Comm:
         return summed
 
     def _ring_sum(self, tensors: list) -> list:
-        """`tensors` summed by the TCP ring: one packed buffer per dtype, one collective each, in
-        the order they are issued on every worker."""
+        """`tensors` summed by the TCP ring: one collective per dtype, of its tensors as one
+        buffer (not packed into one: no copy in, none out), in the order they are issued on
+        every worker."""
         import tensorflow as tf
 
         summed = [None] * len(tensors)
@@ -71,14 +72,14 @@ class Comm:
         for k, tensor in enumerate(tensors):
             by_dtype.setdefault(tensor.dtype, []).append(k)
         for dtype, positions in by_dtype.items():
-            flat = tf.concat([tf.reshape(tensors[k], [-1]) for k in positions], axis=0)
             with tf.control_dependencies(self._ring.issued()):
-                total = tf.numpy_function(self._ring.all_reduce_sum, [flat], dtype, stateful=True)
-            total.set_shape(flat.shape)
-            self._ring.issue(total)
-            sizes = [tensors[k].shape.num_elements() for k in positions]
-            for k, part in zip(positions, tf.split(total, sizes)):
-                summed[k] = tf.reshape(part, tensors[k].shape)
+                totals = tf.numpy_function(self._ring.all_reduce_sums,
+                                           [tensors[k] for k in positions],
+                                           [dtype] * len(positions), stateful=True)
+            self._ring.issue(totals[0])
+            for k, total in zip(positions, totals):
+                total.set_shape(tensors[k].shape)
+                summed[k] = total
         return summed
 
     def all_gather(self, tensors: list) -> list:
@@ -150,9 +151,8 @@ class _LazyRing:
         if not tf.executing_eagerly():
             self._last[tf.compat.v1.get_default_graph()] = collective
 
-    def all_reduce_sum(self, array):
-        """Sums the packed buffer `array` in place (it is the exchange's own: nothing else
-        reads it) and returns it, so TensorFlow takes the result back without a copy."""
+    def all_reduce_sums(self, *arrays):
+        """The sums of `arrays` over the workers (`Ring.all_reduce_sums`), connecting first."""
         if self._ring is None:
             from kdist.exchange.ring import Ring
 
@@ -160,7 +160,7 @@ class _LazyRing:
             self._ring = Ring.connect(self.rank, self.addresses, tf_internals.set_job_key, lookup,
                                       self.timeout, secret=job_secret(self.rank, lookup),
                                       port=ring_port(), names=self.names)
-        return self._ring.all_reduce_sum(array, in_place=True)
+        return self._ring.all_reduce_sums(list(arrays))
 
 
 SECRET_ENV = "KDIST_JOB_SECRET"

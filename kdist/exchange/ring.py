@@ -26,8 +26,8 @@ secret differs is refused and fails, naming the cause. The secret is ``KDIST_JOB
 first worker draws and shares through TensorFlow's coordination service (`kdist.exchange.comm`).
 
 >>> import numpy as np
->>> [len(c) for c in chunks(np.zeros(10, "float32"), 3)]
-[4, 3, 3]
+>>> Pieces([np.zeros(10, "float32")]).chunk_bounds(3)
+[(0, 4), (4, 7), (7, 10)]
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ import queue
 import secrets
 import socket
 import struct
+import sys
 import threading
 import time
 
@@ -57,9 +58,80 @@ class RingError(RuntimeError):
     """A peer of the ring did not answer, or answered wrongly: names it and the fix."""
 
 
-def chunks(array: np.ndarray, parts: int) -> list[np.ndarray]:
-    """`array` (flat) cut into `parts` contiguous views, sizes differing by at most one."""
-    return np.array_split(array, parts)
+class Pieces:
+    """Flat arrays of one dtype seen as one buffer, their concatenation, without copying them:
+    the ring's chunks of it are lists of views.
+
+    >>> pieces = Pieces([np.arange(3.0), np.arange(3.0, 5.0)])
+    >>> pieces.chunk_bounds(2)
+    [(0, 3), (3, 5)]
+    >>> [v.tolist() for v in pieces.views(2, 4)]
+    [[2.0], [3.0]]
+    """
+
+    def __init__(self, arrays: list):
+        self.arrays = arrays
+        self.dtype = arrays[0].dtype
+        self.itemsize = self.dtype.itemsize
+        self.starts = np.cumsum([0] + [a.size for a in arrays]).tolist()
+
+    def chunk_bounds(self, parts: int) -> list[tuple[int, int]]:
+        """[start, stop) of `parts` contiguous chunks, sizes differing by at most one (the
+        first ones longer), as `np.array_split` cuts."""
+        size, extra = divmod(self.starts[-1], parts)
+        stops = np.cumsum([0] + [size + (k < extra) for k in range(parts)]).tolist()
+        return list(zip(stops, stops[1:]))
+
+    def views(self, start: int, stop: int) -> list[np.ndarray]:
+        """The elements [start, stop) of the concatenation, as views of the arrays."""
+        found = []
+        for array, first in zip(self.arrays, self.starts):
+            low, high = max(start - first, 0), min(stop - first, array.size)
+            if low < high:
+                found.append(array[low:high])
+        return found
+
+
+class Outputs:
+    """The arrays `all_reduce_sums` writes its sums into, reused once nobody holds them: a new
+    array's pages cost a page fault each on first touch, more than the sum's own additions (a
+    step's gradients: 1,800 faults, 2-3 ms measured). An array is free when the only references
+    left are these sets' (TensorFlow's tensor of it, and any view, hold one until released)."""
+
+    KEPT = 2  # sets per layout: this step's and the last's
+
+    def __init__(self):
+        self._sets: dict = {}
+
+    def take(self, layout: list) -> list:
+        """Free arrays of `layout` ([(shape, dtype)]), new ones where all kept are held."""
+        key = tuple((tuple(shape), np.dtype(dtype).str) for shape, dtype in layout)
+        kept = self._sets.setdefault(key, [])
+        for arrays in kept:
+            if _free(arrays):
+                return list(arrays)
+        arrays = tuple(aligned_empty(shape, dtype) for shape, dtype in layout)
+        kept.insert(0, arrays)
+        del kept[self.KEPT:]
+        return list(arrays)
+
+
+def _free(arrays: tuple) -> bool:
+    """Nobody but `Outputs`' tuple holds any of `arrays` (the other two references: this loop's
+    variable and `sys.getrefcount`'s argument), nor a view of one (which refers to the memory's
+    owner, `array.base`, held otherwise by the array alone)."""
+    return all(sys.getrefcount(array) <= 3 and sys.getrefcount(array.base) <= 2
+               for array in arrays)
+
+
+def aligned_empty(shape, dtype, alignment: int = 64) -> np.ndarray:
+    """An uninitialised array whose data starts at a multiple of `alignment` bytes: TensorFlow
+    takes such an array returned by a `numpy_function` as its tensor without copying it."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + alignment, np.uint8)
+    offset = -raw.ctypes.data % alignment
+    return raw[offset:offset + nbytes].view(dtype).reshape(shape)
 
 
 class Ring:
@@ -72,6 +144,7 @@ class Ring:
         self._sends: queue.Queue = queue.Queue()
         self._sent: queue.Queue = queue.Queue()
         self._scratch = np.empty(0, np.uint8)
+        self._outputs = Outputs()
         self._lock = threading.Lock()
         if size > 1:
             threading.Thread(target=self._sender, name="kdist-ring-sender", daemon=True).start()
@@ -128,43 +201,71 @@ class Ring:
     # ------------------------------------------------------------------ the all-reduce
     def all_reduce_sum(self, array: np.ndarray, in_place: bool = False) -> np.ndarray:
         """The sum of every worker's `array` (the same shape and dtype on every worker). With
-        `in_place`, a writable contiguous `array` receives the sum itself (no copy: the exchange
-        passes the buffer it packed for this collective)."""
+        `in_place`, a writable contiguous `array` receives the sum itself (no copy)."""
+        writable = in_place and array.flags.writeable and array.flags.c_contiguous
+        result = array if writable else np.array(array, copy=True)
+        self._sum([result.reshape(-1)], [result.reshape(-1)])  # views: the sum lands in `result`
+        return result
+
+    def all_reduce_sums(self, arrays: list) -> list:
+        """The sums of every worker's `arrays` (one dtype; the same shapes on every worker), in
+        one collective, as if they were one buffer, without packing them into one: each sum is
+        written once, into a new array aligned for TensorFlow to take without a copy; `arrays`
+        are only read (the step's gradients, which others may read too).
+
+        >>> Ring(0, 1, None, None, ["me"]).all_reduce_sums([np.ones(2, "float32")])[0].tolist()
+        [1.0, 1.0]
+        """
+        inputs = [np.ascontiguousarray(a) for a in arrays]
+        outputs = self._outputs.take([(a.shape, a.dtype) for a in inputs])
+        self._sum([a.reshape(-1) for a in inputs], [o.reshape(-1) for o in outputs])
+        return outputs
+
+    def _sum(self, inputs: list, outputs: list) -> None:
         with self._lock:  # one collective at a time, in the order the workers issue them
-            writable = in_place and array.flags.writeable and array.flags.c_contiguous
-            result = array if writable else np.array(array, copy=True)
-            flat = result.reshape(-1)  # a view: summing into it sums into `result`
-            if self.size == 1 or flat.size == 0:
-                return result
+            if self.size == 1 or sum(a.size for a in inputs) == 0:
+                for source, target in zip(inputs, outputs):
+                    if target is not source:
+                        target[...] = source
+                return
             try:
-                self._sum_into(flat)
+                self._sum_into(Pieces(inputs), Pieces(outputs))
             except RingError:
                 self.close()  # the ring is broken: its other members learn it now, not at timeout
                 raise
-            return result
 
-    def _sum_into(self, flat: np.ndarray) -> None:
-        parts = chunks(flat, self.size)
+    def _sum_into(self, inputs: "Pieces", outputs: "Pieces") -> None:
+        """The ring: chunk c of the sum is `outputs`' chunk c; the chunk received in each
+        reduce-scatter step is added to this worker's own (`inputs`') and passed on from
+        `outputs`, where the all-gather then receives the summed chunks of the others."""
         rank, size = self.rank, self.size
-        scratch = self._scratch_for(max(p.nbytes for p in parts)).view(flat.dtype)
+        bounds = inputs.chunk_bounds(size)
+        scratch = self._scratch_for(max(b - a for a, b in bounds) * inputs.itemsize) \
+            .view(inputs.dtype)
         for step in range(size - 1):  # reduce-scatter
-            incoming = parts[(rank - step - 1) % size]
-            received = scratch[:incoming.size]
-            self._exchange(parts[(rank - step) % size], received)
-            np.add(incoming, received, out=incoming)
+            sent, received = (rank - step) % size, (rank - step - 1) % size
+            start, stop = bounds[received]
+            self._exchange((inputs if step == 0 else outputs).views(*bounds[sent]),
+                           [scratch[:stop - start]])
+            offset = 0
+            for mine, out in zip(inputs.views(start, stop), outputs.views(start, stop)):
+                np.add(mine, scratch[offset:offset + mine.size], out=out)
+                offset += mine.size
         for step in range(size - 1):  # all-gather
-            self._exchange(parts[(rank - step + 1) % size], parts[(rank - step) % size])
+            self._exchange(outputs.views(*bounds[(rank - step + 1) % size]),
+                           outputs.views(*bounds[(rank - step) % size]))
 
     def _scratch_for(self, nbytes: int) -> np.ndarray:
         if self._scratch.nbytes < nbytes:
             self._scratch = np.empty(nbytes, np.uint8)
-        return self._scratch
+        return self._scratch[:nbytes]
 
-    def _exchange(self, outgoing: np.ndarray, incoming: np.ndarray) -> None:
-        """Sends `outgoing` to the successor while receiving `incoming` from the predecessor."""
+    def _exchange(self, outgoing: list, incoming: list) -> None:
+        """Sends the arrays `outgoing` to the successor while receiving `incoming` from the
+        predecessor (in order: one stream of bytes)."""
         self._sends.put(outgoing)
-        _receive_into(self._previous, _bytes(incoming),
-                      self.names[(self.rank - 1) % self.size])
+        for view in incoming:
+            _receive_into(self._previous, _bytes(view), self.names[(self.rank - 1) % self.size])
         failure = self._sent.get()
         if failure is not None:
             raise failure
@@ -173,7 +274,8 @@ class Ring:
         while True:
             outgoing = self._sends.get()
             try:
-                self._next.sendall(_bytes(outgoing))
+                for view in outgoing:
+                    self._next.sendall(_bytes(view))
                 self._sent.put(None)
             except OSError as err:
                 self._sent.put(RingError(
