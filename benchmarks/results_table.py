@@ -65,7 +65,9 @@ def _cpu_model() -> str:
 
 
 def _version(distribution: str) -> str:
-    try:
-        return importlib.metadata.version(distribution)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
+    for name in (distribution, f"{distribution}-nightly"):  # keras-nightly installs `keras`
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            pass
+    return "not installed"
