@@ -91,8 +91,11 @@ def shaped_run(rate, out_path, args):
         run(["ip", "netns", "exec", namespace, "tc", "qdisc", "add", "dev", "lo", "root", "tbf",
              "rate", rate, "burst", str(burst), "latency", "50ms"])
         env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+        # --network host: the tasks share the shaped namespace (a private network of the
+        # launcher's own, its default, would hold another loopback, unshaped)
         run(["ip", "netns", "exec", namespace, sys.executable, "-m", "kdist", "launch",
-             "--workers", "2", "--timeout", str(args.timeout), "--", sys.executable,
+             "--workers", "2", "--network", "host", "--timeout", str(args.timeout), "--",
+             sys.executable,
              os.path.abspath(__file__), "--job-out", out_path, "--target", str(args.target),
              "--max-epochs", str(args.max_epochs)], env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, timeout=args.timeout + 60)
