@@ -191,20 +191,13 @@ def main():
         return worker(args)
     import tempfile
 
-    from kdist.cluster.spec import ClusterSpec
-    from kdist.launch import Launcher
-
     with tempfile.TemporaryDirectory() as folder:
         out = os.path.join(folder, "collectives.json")
         command = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out,
                    "--sizes", ",".join(str(s) for s in args.sizes), "--rounds", str(args.rounds)]
         if args.profile:
             command.append("--profile")
-        code = Launcher(ClusterSpec.local_layout({"worker": 2}), command, timeout=1800).run()
-        if code:
-            sys.exit(f"collectives: the workers failed ({code})")
-        with open(out) as f:
-            data = json.load(f)
+        data = measure.local_job(command, 2, out, "collectives", timeout=1800)
     lines = ["| float32 elements | socket bound | TensorFlow | kdist tcp | gloo | TF / gloo | "
              "kdist / gloo | kdist / bound | TF / bound |", "|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:

@@ -34,6 +34,23 @@ def run_on_shaped_link(hosts, rate, command, out_path, port, timeout) -> dict:
         return json.load(f)
 
 
+def local_job(command: list, workers: int, out_path: str, name: str, env=None,
+              timeout: float = 900) -> dict:
+    """Runs `command` as `workers` local workers (`kdist.launch.Launcher`, 127.0.0.1, with `env`)
+    and returns the JSON it wrote to `out_path`; a failed job ends the benchmark, naming `name`."""
+    import sys
+
+    from kdist.cluster.spec import ClusterSpec
+    from kdist.launch import Launcher
+
+    code = Launcher(ClusterSpec.local_layout({"worker": workers}), command, timeout=timeout,
+                    env=env).run()
+    if code:
+        sys.exit(f"{name} on {workers} worker(s) failed ({code})")
+    with open(out_path) as f:
+        return json.load(f)
+
+
 def warm_step_times(model, global_batch: int, steps: int, callbacks=()) -> list[float]:
     """Fits `model` (64 inputs, 10 classes) for 2 epochs of `steps` steps on random data (with
     `callbacks`); returns the step times of the second epoch (traced and warm)."""

@@ -200,20 +200,13 @@ def worker(args):
 
 
 def launch(args, contender, hidden, workers, folder):
-    from kdist.cluster.spec import ClusterSpec
-    from kdist.launch import Launcher
-
     out = os.path.join(folder, "result.json")
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--contender", contender,
                "--out", out, "--steps", str(args.steps), "--per-worker-batch",
                str(args.per_worker_batch), "--hidden", str(hidden)]
     env = {"KDIST_EAGER_MULTI_WORKER": "0"}  # tf_keras and torch: no kdist strategy
-    code = Launcher(ClusterSpec.local_layout({"worker": workers}), command, timeout=900,
-                    env={**os.environ, **env}).run()
-    if code:
-        sys.exit(f"peers: {contender} on {workers} worker(s) failed ({code})")
-    with open(out) as f:
-        return json.load(f)
+    return measure.local_job(command, workers, out, f"peers: {contender}",
+                             env={**os.environ, **env})
 
 
 def main():

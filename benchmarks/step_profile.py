@@ -106,19 +106,11 @@ def _phases(folder: str) -> dict:
 
 
 def launch(args, workers, folder) -> dict:
-    from kdist.cluster.spec import ClusterSpec
-    from kdist.launch import Launcher
-
     out, trace = os.path.join(folder, "result.json"), os.path.join(folder, f"trace{workers}")
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--out", out, "--trace",
                trace, "--steps", str(args.steps), "--per-worker-batch",
                str(args.per_worker_batch), "--hidden", str(args.hidden)]
-    code = Launcher(ClusterSpec.local_layout({"worker": workers}), command, timeout=900,
-                    env=dict(os.environ)).run()
-    if code:
-        sys.exit(f"step_profile: {workers} worker(s) failed ({code})")
-    with open(out) as f:
-        return json.load(f)
+    return measure.local_job(command, workers, out, "step_profile")
 
 
 def main():
