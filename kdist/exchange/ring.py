@@ -145,7 +145,7 @@ class Ring:
         self._sent: queue.Queue = queue.Queue()
         self._scratch = np.empty(0, np.uint8)
         self._outputs = Outputs()
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # all_reduce_sums takes its outputs under it too
         if size > 1:
             threading.Thread(target=self._sender, name="kdist-ring-sender", daemon=True).start()
 
@@ -217,8 +217,9 @@ class Ring:
         [1.0, 1.0]
         """
         inputs = [np.ascontiguousarray(a) for a in arrays]
-        outputs = self._outputs.take([(a.shape, a.dtype) for a in inputs])
-        self._sum([a.reshape(-1) for a in inputs], [o.reshape(-1) for o in outputs])
+        with self._lock:  # two callers never take the same free outputs
+            outputs = self._outputs.take([(a.shape, a.dtype) for a in inputs])
+            self._sum([a.reshape(-1) for a in inputs], [o.reshape(-1) for o in outputs])
         return outputs
 
     def _sum(self, inputs: list, outputs: list) -> None:
