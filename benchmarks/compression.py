@@ -1,13 +1,16 @@
 """Gradient compression on emulated links: bytes per step and time to a target accuracy.
 
-    sudo python benchmarks/compression.py [--rates 1gbit,100mbit] [--target 0.95] [--max-epochs 30]
+    sudo python benchmarks/compression.py [--rates 1gbit,100mbit] [--exchanges auto,ring]
+                                          [--target 0.95] [--max-epochs 30]
 
 (needs root, iproute2 and `pip install -e ".[bench]"` for the plot). For each link rate, a fresh
 network namespace is made, its loopback shaped with `tc qdisc ... tbf rate RATE`, and 2
 MultiWorkerMirrored workers are launched inside it with `kdist launch`. Each worker trains an MLP
 64-1024-1024-10 on the UCI digits with every compressor from the same initial weights, stopping
 when the test accuracy reaches --target; the chief records wall time to target and loopback
-bytes per step. Prints a table and saves benchmarks/results/compression.{json,md,png}. Only the
+bytes per step. Each link runs every compressor under each exchange, taking turns: kdist's
+default (``all_reduce="auto"``: its TCP ring on CPU workers) and TensorFlow's collectives
+(``all_reduce="ring"``), so the table compares them side by side. Prints a table and saves benchmarks/results/compression.{json,md,png}. Only the
 namespaces it creates are touched, and they are deleted afterwards.
 """
 
@@ -27,11 +30,14 @@ ROOT = os.path.dirname(HERE)
 NAMES = ("none", "fp16", "powersgd_r4", "topk_1pct")
 
 
-def job(out_path, target, max_epochs):
+EXCHANGES = {"auto": "kdist default (TCP ring)", "ring": "TF collectives"}
+
+
+def job(out_path, target, max_epochs, all_reduce):
     """Runs on both workers inside the shaped namespace."""
     import kdist
 
-    kdist.strategy()
+    kdist.strategy(all_reduce=all_reduce)
     import keras
 
     from kdist import compression
@@ -81,7 +87,7 @@ def run(command, **kwargs):
     return subprocess.run(command, check=True, **kwargs)
 
 
-def shaped_run(rate, out_path, args):
+def shaped_run(rate, all_reduce, out_path, args):
     namespace = f"kdist-bench-{os.getpid()}"
     run(["ip", "netns", "add", namespace])
     try:
@@ -97,7 +103,7 @@ def shaped_run(rate, out_path, args):
              "--workers", "2", "--network", "host", "--timeout", str(args.timeout), "--",
              sys.executable,
              os.path.abspath(__file__), "--job-out", out_path, "--target", str(args.target),
-             "--max-epochs", str(args.max_epochs)], env=env, stdout=subprocess.DEVNULL,
+             "--max-epochs", str(args.max_epochs), "--all-reduce", all_reduce], env=env, stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL, timeout=args.timeout + 60)
     finally:
         run(["ip", "netns", "delete", namespace])
@@ -108,36 +114,59 @@ def shaped_run(rate, out_path, args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rates", default="1gbit,100mbit")
+    parser.add_argument("--exchanges", default="auto,ring",
+                        help="all_reduce values to compare: auto (kdist's default), ring (TF's)")
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--timeout", type=int, default=1800)
+    parser.add_argument("--all-reduce", help=argparse.SUPPRESS)
     parser.add_argument("--job-out", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.job_out:
-        return job(args.job_out, args.target, args.max_epochs)
+        return job(args.job_out, args.target, args.max_epochs, args.all_reduce)
+    exchanges = args.exchanges.split(",")
+    unknown = sorted(set(exchanges) - set(EXCHANGES))
+    if unknown:
+        parser.error(f"--exchanges: {', '.join(unknown)} unknown; use {', '.join(EXCHANGES)}")
 
     results = {}
     with tempfile.TemporaryDirectory() as scratch:
         for rate in args.rates.split(","):
-            results[rate] = shaped_run(rate, os.path.join(scratch, f"{rate}.json"), args)
-            print(f"{rate}: done", flush=True)
-    lines = [f"Time to {args.target:.0%} test accuracy on the UCI digits, MLP 64-1024-1024-10, 2 "
-             f"MWMS workers on a loopback shaped by tc tbf, {os.cpu_count()} CPU cores.", "",
-             "| link | compressor | bytes/step | reduction | epochs | accuracy | seconds to target "
-             "| speed-up |", "|---|---|---|---|---|---|---|---|"]
-    for rate, rows in results.items():
-        base = rows["none"]
-        for name in NAMES:
-            row = rows[name]
-            seconds = row["seconds_to_target"]
-            speedup = (f"{base['seconds_to_target'] / seconds:.2f}" if seconds and
-                       base["seconds_to_target"] else "-")
-            lines.append(f"| {rate} | {name} | {row['bytes_per_step']:,.0f} | "
-                         f"{base['bytes_per_step'] / row['bytes_per_step']:.1f}x | {row['epochs']} | "
-                         f"{row['accuracy']:.4f} | {seconds and f'{seconds:.1f}' or 'not reached'} | "
-                         f"{speedup} |")
-    folder = results_table.save("compression", "\n".join(lines), results)
+            for all_reduce in exchanges:  # taking turns on each link
+                results.setdefault(rate, {})[all_reduce] = shaped_run(
+                    rate, all_reduce, os.path.join(scratch, f"{rate}-{all_reduce}.json"), args)
+                print(f"{rate}, all_reduce={all_reduce}: done", flush=True)
+    folder = results_table.save("compression", table(results, args.target), results)
     plot(results, os.path.join(folder, "compression.png"))
+
+
+def table(results, target):
+    lines = [f"Time to {target:.0%} test accuracy on the UCI digits, MLP 64-1024-1024-10, 2 "
+             f"MWMS workers on a loopback shaped by tc tbf, {os.cpu_count()} CPU cores; each "
+             "compressor under kdist's default exchange (its TCP ring on CPU workers) and "
+             "TensorFlow's collectives (`all_reduce=\"ring\"`), one run each, taking turns. "
+             "Speed-up: against no compression on the same exchange; TF time / ring time: TensorFlow's "
+             "collectives' seconds over the ring's, same compressor and link.", "",
+             "| link | exchange | compressor | bytes/step | reduction | epochs | accuracy "
+             "| seconds to target | speed-up | TF time / ring time |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rate, by_exchange in results.items():
+        for all_reduce, rows in by_exchange.items():
+            base = rows["none"]
+            for name in NAMES:
+                row = rows[name]
+                seconds = row["seconds_to_target"]
+                tf_seconds = by_exchange.get("ring", {}).get(name, {}).get("seconds_to_target")
+                lines.append(
+                    f"| {rate} | {EXCHANGES[all_reduce]} | {name} | {row['bytes_per_step']:,.0f} | "
+                    f"{base['bytes_per_step'] / row['bytes_per_step']:.1f}x | {row['epochs']} | "
+                    f"{row['accuracy']:.4f} | {seconds and f'{seconds:.1f}' or 'not reached'} | "
+                    f"{_ratio(base['seconds_to_target'], seconds)} | "
+                    f"{_ratio(tf_seconds, seconds) if all_reduce != 'ring' else '-'} |")
+    return "\n".join(lines)
+
+
+def _ratio(numerator, denominator):
+    return f"{numerator / denominator:.2f}" if numerator and denominator else "-"
 
 
 def plot(results, path):
@@ -146,12 +175,14 @@ def plot(results, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    figure, axis = plt.subplots(figsize=(7, 4))
-    width = 0.8 / len(results)
-    for i, (rate, rows) in enumerate(results.items()):
+    figure, axis = plt.subplots(figsize=(8, 4))
+    bars = [(f"{rate}, {EXCHANGES[all_reduce]}", rows) for rate, by_exchange in results.items()
+            for all_reduce, rows in by_exchange.items()]
+    width = 0.8 / len(bars)
+    for i, (label, rows) in enumerate(bars):
         seconds = [rows[n]["seconds_to_target"] or 0 for n in NAMES]
-        axis.bar([k + i * width for k in range(len(NAMES))], seconds, width, label=rate)
-    axis.set_xticks([k + width * (len(results) - 1) / 2 for k in range(len(NAMES))], NAMES)
+        axis.bar([k + i * width for k in range(len(NAMES))], seconds, width, label=label)
+    axis.set_xticks([k + width * (len(bars) - 1) / 2 for k in range(len(NAMES))], NAMES)
     axis.set_ylabel("seconds to target accuracy")
     axis.set_title("kdist gradient compression, 2 workers, shaped loopback")
     axis.legend()
