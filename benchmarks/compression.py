@@ -1,7 +1,7 @@
 """Gradient compression on emulated links: bytes per step and time to a target accuracy.
 
     sudo python benchmarks/compression.py [--rates 1gbit,100mbit] [--exchanges auto,ring]
-                                          [--target 0.95] [--max-epochs 30]
+                                          [--rounds 3] [--target 0.95] [--max-epochs 30]
 
 (needs root, iproute2 and `pip install -e ".[bench]"` for the plot). For each link rate, a fresh
 network namespace is made, its loopback shaped with `tc qdisc ... tbf rate RATE`, and 2
@@ -10,13 +10,16 @@ MultiWorkerMirrored workers are launched inside it with `kdist launch`. Each wor
 when the test accuracy reaches --target; the chief records wall time to target and loopback
 bytes per step. Each link runs every compressor under each exchange, taking turns: kdist's
 default (``all_reduce="auto"``: its TCP ring on CPU workers) and TensorFlow's collectives
-(``all_reduce="ring"``), so the table compares them side by side. Prints a table and saves benchmarks/results/compression.{json,md,png}. Only the
-namespaces it creates are touched, and they are deleted afterwards.
+(``all_reduce="ring"``), so the table compares them side by side; the whole is repeated
+--rounds times and the table shows medians. Prints a table and saves
+benchmarks/results/compression.{json,md,png}. Only the namespaces it creates are touched, and
+they are deleted afterwards.
 """
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -116,6 +119,7 @@ def main():
     parser.add_argument("--rates", default="1gbit,100mbit")
     parser.add_argument("--exchanges", default="auto,ring",
                         help="all_reduce values to compare: auto (kdist's default), ring (TF's)")
+    parser.add_argument("--rounds", type=int, default=3, help="runs of each, taking turns")
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--max-epochs", type=int, default=30)
     parser.add_argument("--timeout", type=int, default=1800)
@@ -129,38 +133,61 @@ def main():
     if unknown:
         parser.error(f"--exchanges: {', '.join(unknown)} unknown; use {', '.join(EXCHANGES)}")
 
-    results = {}
+    runs: dict = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for rate in args.rates.split(","):
-            for all_reduce in exchanges:  # taking turns on each link
-                results.setdefault(rate, {})[all_reduce] = shaped_run(
-                    rate, all_reduce, os.path.join(scratch, f"{rate}-{all_reduce}.json"), args)
-                print(f"{rate}, all_reduce={all_reduce}: done", flush=True)
-    folder = results_table.save("compression", table(results, args.target), results)
+        for round_ in range(args.rounds):
+            for rate in args.rates.split(","):
+                for all_reduce in exchanges:  # taking turns on each link
+                    out = os.path.join(scratch, f"{rate}-{all_reduce}-{round_}.json")
+                    runs.setdefault(rate, {}).setdefault(all_reduce, []).append(
+                        shaped_run(rate, all_reduce, out, args))
+                    print(f"round {round_ + 1}, {rate}, all_reduce={all_reduce}: done", flush=True)
+    results = {rate: {all_reduce: medians(rounds) for all_reduce, rounds in by_exchange.items()}
+               for rate, by_exchange in runs.items()}
+    folder = results_table.save("compression", table(results, args.target, args.rounds), results)
     plot(results, os.path.join(folder, "compression.png"))
 
 
-def table(results, target):
+def medians(rounds: list) -> dict:
+    """Each compressor's rows over the rounds: the median seconds and bytes per step, every
+    round's seconds, and the epochs and accuracy (the same each round: no shuffling, one seed)."""
+    rows = {}
+    for name in NAMES:
+        taken = [r[name] for r in rounds]
+        seconds = [t["seconds_to_target"] for t in taken]
+        rows[name] = {"seconds_to_target": statistics.median(seconds) if None not in seconds
+                      else None, "seconds_runs": seconds,
+                      "bytes_per_step": statistics.median(t["bytes_per_step"] for t in taken),
+                      "epochs": taken[0]["epochs"], "accuracy": taken[0]["accuracy"],
+                      "epochs_runs": [t["epochs"] for t in taken]}
+    return rows
+
+
+def table(results, target, rounds):
     lines = [f"Time to {target:.0%} test accuracy on the UCI digits, MLP 64-1024-1024-10, 2 "
              f"MWMS workers on a loopback shaped by tc tbf, {os.cpu_count()} CPU cores; each "
              "compressor under kdist's default exchange (its TCP ring on CPU workers) and "
-             "TensorFlow's collectives (`all_reduce=\"ring\"`), one run each, taking turns. "
-             "Speed-up: against no compression on the same exchange; TF time / ring time: TensorFlow's "
-             "collectives' seconds over the ring's, same compressor and link.", "",
+             "TensorFlow's collectives (`all_reduce=\"ring\"`), taking turns, median of "
+             f"{rounds} runs each (range: the fastest and slowest run). Speed-up: against no "
+             "compression on the same exchange; TF time / ring time: TensorFlow's collectives' "
+             "seconds over the ring's, same compressor and link.", "",
              "| link | exchange | compressor | bytes/step | reduction | epochs | accuracy "
-             "| seconds to target | speed-up | TF time / ring time |", "|---|---|---|---|---|---|---|---|---|---|"]
+             "| seconds to target | range | speed-up | TF time / ring time |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for rate, by_exchange in results.items():
         for all_reduce, rows in by_exchange.items():
             base = rows["none"]
             for name in NAMES:
                 row = rows[name]
                 seconds = row["seconds_to_target"]
+                reached = [s for s in row["seconds_runs"] if s is not None]
+                spread = f"{min(reached):.1f}-{max(reached):.1f}" if reached else "-"
                 tf_seconds = by_exchange.get("ring", {}).get(name, {}).get("seconds_to_target")
                 lines.append(
                     f"| {rate} | {EXCHANGES[all_reduce]} | {name} | {row['bytes_per_step']:,.0f} | "
                     f"{base['bytes_per_step'] / row['bytes_per_step']:.1f}x | {row['epochs']} | "
                     f"{row['accuracy']:.4f} | {seconds and f'{seconds:.1f}' or 'not reached'} | "
-                    f"{_ratio(base['seconds_to_target'], seconds)} | "
+                    f"{spread} | {_ratio(base['seconds_to_target'], seconds)} | "
                     f"{_ratio(tf_seconds, seconds) if all_reduce != 'ring' else '-'} |")
     return "\n".join(lines)
 
