@@ -11,6 +11,7 @@ trains one small MLP per case and writes OUT/sync.json:
   refused         ps_sync errors (bad value)
 """
 
+import gc
 import json
 import os
 import signal
@@ -52,23 +53,36 @@ def build(mode):
 
 class StopWorker(keras.callbacks.Callback):
     """SIGSTOPs worker 2 when epoch 1 begins and SIGCONTs it STOP_SECONDS later, counting the
-    optimizer updates applied meanwhile."""
+    optimizer updates applied meanwhile.
+
+    While worker 2 is stopped, the chief must not wait for it outside the training itself. The
+    tf2.17 tier hung in that window, the chief's main thread in its garbage collector freeing a
+    traced function (`context.remove_function`, which removes it from every worker and can wait
+    for worker 2); any TensorFlow op of the chief, such as the read of the update count before
+    the SIGCONT, may then wait too. So the collector is off during the stop, and a timer that
+    runs no TensorFlow op sends the SIGCONT even if the read waits."""
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != 1:
             return
         process = task_process(spec, "worker", 2)
+        gc.collect()
+        gc.disable()
         process.send_signal(signal.SIGSTOP)
         before = int(self.model.optimizer.iterations.numpy())
+        self.safety = threading.Timer(STOP_SECONDS + 5, process.send_signal, (signal.SIGCONT,))
+        self.safety.start()
 
-        def resume():  # SIGCONT whatever happens: the epoch's end waits for worker 2's step
+        def resume():
             try:
                 time.sleep(STOP_SECONDS)
                 self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
             finally:
                 process.send_signal(signal.SIGCONT)
-            # The tf2.17 tier twice hung here with worker 2 still stopped after this thread had
-            # ended (its stacks, from kdist launch --timeout): SIGCONT again until the epoch ends.
+                self.safety.cancel()
+                gc.enable()
+            # The tf2.17 tier also hung with worker 2 still stopped after this thread had ended
+            # (its stacks, from kdist launch --timeout): SIGCONT again until the epoch ends.
             for _ in range(60):  # at most 2 minutes: a failed fit ends the program all the same
                 if self.epoch_ended.wait(2):
                     break
