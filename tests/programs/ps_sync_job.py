@@ -69,9 +69,10 @@ class StopWorker(keras.callbacks.Callback):
         gc.collect()
         gc.disable()
         process.send_signal(signal.SIGSTOP)
-        before = int(self.model.optimizer.iterations.numpy())
+        # started before any TensorFlow op of the chief: the read just below may wait too
         self.safety = threading.Timer(STOP_SECONDS + 5, process.send_signal, (signal.SIGCONT,))
         self.safety.start()
+        before = int(self.model.optimizer.iterations.numpy())
 
         def resume():
             try:
