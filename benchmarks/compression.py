@@ -106,8 +106,8 @@ def shaped_run(rate, all_reduce, out_path, args):
              "--workers", "2", "--network", "host", "--timeout", str(args.timeout), "--",
              sys.executable,
              os.path.abspath(__file__), "--job-out", out_path, "--target", str(args.target),
-             "--max-epochs", str(args.max_epochs), "--all-reduce", all_reduce], env=env, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, timeout=args.timeout + 60)
+             "--max-epochs", str(args.max_epochs), "--all-reduce", all_reduce], env=env,
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=args.timeout + 60)
     finally:
         run(["ip", "netns", "delete", namespace])
     with open(out_path) as f:

@@ -3,6 +3,7 @@
 import json
 import os
 import statistics
+import sys
 import time
 
 
@@ -38,8 +39,6 @@ def local_job(command: list, workers: int, out_path: str, name: str, env=None,
               timeout: float = 900) -> dict:
     """Runs `command` as `workers` local workers (`kdist.launch.Launcher`, 127.0.0.1, with `env`)
     and returns the JSON it wrote to `out_path`; a failed job ends the benchmark, naming `name`."""
-    import sys
-
     from kdist.cluster.spec import ClusterSpec
     from kdist.launch import Launcher
 
