@@ -37,28 +37,37 @@ class Comm:
         self.replicas = replica_context.num_replicas_in_sync
         self.step = step
         self._ring = tcp_ring(replica_context.strategy)
+        self._before_ring: list = []  # TensorFlow collectives every ring sum waits for
 
     def all_reduce_sum(self, tensors: list) -> list:
         """Sums `tensors` over the replicas; a model-parallel shard's tensor (off the replica's
-        device) in its own device's group."""
+        device) in its own device's group. An `IndexedSlices` (an Embedding's or `tf.gather`'s
+        gradient) stays one: TensorFlow's collectives gather every replica's slices in replica
+        order, as one device's gradient of the global batch holds them (repeated indices stay
+        repeated, which an optimizer that squares the slices, Adam, tells apart from their sum)."""
         import tensorflow as tf
 
         tensors = list(tensors)
         strategy = self._context.strategy
-        groups = placement.own_group_devices(tensors, strategy)
-        routed = {k for positions in groups.values() for k in positions}
+        sparse = [k for k, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+        groups = {device: [k for k in positions if k not in sparse]
+                  for device, positions in placement.own_group_devices(tensors, strategy).items()}
+        routed = {k for positions in groups.values() for k in positions} | set(sparse)
         rest = [k for k in range(len(tensors)) if k not in routed]
-        local = self._ring_sum if self._ring is not None else \
-            functools.partial(self._context.all_reduce, tf.distribute.ReduceOp.SUM)
-        batches = [(rest, local)]
+        gathered = functools.partial(self._context.all_reduce, tf.distribute.ReduceOp.SUM)
+        summed = [None] * len(tensors)
+        batches = [(sparse, gathered),  # first: the ring's sums wait for them (_ring_sum)
+                   (rest, self._ring_sum if self._ring is not None else gathered)]
         batches += [(positions, functools.partial(tf_internals.device_group_all_reduce,
                                                   device=device, strategy=strategy))
                     for device, positions in groups.items()]
-        summed = [None] * len(tensors)
         for positions, reduce in batches:
             if positions:
                 for k, value in zip(positions, reduce([tensors[k] for k in positions])):
                     summed[k] = value
+            if positions is sparse:
+                self._before_ring = [t for k in sparse
+                                     for t in (summed[k].values, summed[k].indices)]
         return summed
 
     def _ring_sum(self, tensors: list) -> list:
@@ -72,7 +81,9 @@ class Comm:
         for k, tensor in enumerate(tensors):
             by_dtype.setdefault(tensor.dtype, []).append(k)
         for dtype, positions in by_dtype.items():
-            with tf.control_dependencies(self._ring.issued()):
+            # Every worker runs TensorFlow's collectives of this step before the ring's: one
+            # order on every worker, so neither waits for a peer that waits for it.
+            with tf.control_dependencies(self._ring.issued() + self._before_ring):
                 totals = tf.numpy_function(self._ring.all_reduce_sums,
                                            [tensors[k] for k in positions],
                                            [dtype] * len(positions), stateful=True)

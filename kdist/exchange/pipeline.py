@@ -109,30 +109,31 @@ class Exchange:
 
         pairs = list(grads_and_vars)
         present = [(i, g, v) for i, (g, v) in enumerate(pairs) if g is not None]
-        dense = [tf.convert_to_tensor(g) for _, g, _ in present]  # IndexedSlices: densified
+        grads = [g for _, g, _ in present]  # IndexedSlices stay sparse: Comm gathers them
         comm = Comm(replica_context, self.optimizer.iterations)
         riders = []
-        if self.balanced:
-            dense, examples = weights.weigh(dense, comm.replicas)
+        if self.balanced or weights.recorded_batch_size() is not None:
+            grads, examples = weights.weigh(grads, comm.replicas)
             riders = [examples]  # summed in the same all-reduce as the first plain gradients
-        groups = buckets.buckets([t.shape.num_elements() * t.dtype.size for t in dense],
+        groups = buckets.buckets([t.shape.num_elements() * t.dtype.size for t in grads],
                                  self.bucket_bytes) if self.bucket_bytes \
             else [list(range(len(present)))]
         self.traced_buckets = [[present[k][2].name for k in group] for group in groups]
         summed, examples = {}, None
         for index, group in enumerate(groups):  # one collective (or compressor round) per bucket
             extra = riders if index == 0 else []
-            chosen = [k for k in group if self.phase.compress and self._compresses(present[k][2])]
+            chosen = [k for k in group if self.phase.compress and self._compresses(present[k][2])
+                      and not isinstance(grads[k], tf.IndexedSlices)]  # sparse: gathered exactly
             plain = [k for k in group if k not in chosen]
-            reduced = comm.all_reduce_sum([dense[k] for k in plain] + extra)
+            reduced = comm.all_reduce_sum([grads[k] for k in plain] + extra)
             summed.update(zip(plain, reduced))
             if extra:
                 examples = reduced[-1]
             if chosen:
                 states = [self._state(present[k][2]) for k in chosen]
-                summed.update(zip(chosen, self.compressor.aggregate([dense[k] for k in chosen],
+                summed.update(zip(chosen, self.compressor.aggregate([grads[k] for k in chosen],
                                                                     states, comm)))
-        if self.balanced:
+        if riders:
             summed = dict(zip(summed, weights.unweigh(list(summed.values()), examples)))
         out = list(pairs)
         for k, (i, _, v) in enumerate(present):
@@ -165,12 +166,16 @@ class Exchange:
 
 
 def plain_sum(grads_and_vars, replica_context, step) -> list:
-    """Keras's plain gradient sum, through `Comm`: the model-parallel shards' gradients in their
-    own devices' groups (`kdist.layers.placement`), and the TCP ring's sums where the strategy
-    asks for it (``all_reduce="tcp"``)."""
-    import tensorflow as tf
-
+    """Keras's plain gradient sum, through `Comm` (the TCP ring's sums on CPU workers, the
+    model-parallel shards' in their own devices' groups, sparse gradients gathered), each replica's
+    gradients weighted by its examples where its `train_step` recorded them (`weights`)."""
     pairs = list(grads_and_vars)
-    summed = Comm(replica_context, step).all_reduce_sum([tf.convert_to_tensor(g)
-                                                         for g, _ in pairs])
+    comm = Comm(replica_context, step)
+    grads, riders = [g for g, _ in pairs], []
+    if weights.recorded_batch_size() is not None:
+        grads, examples = weights.weigh(grads, comm.replicas)
+        riders = [examples]
+    summed = comm.all_reduce_sum(grads + riders)
+    if riders:
+        summed = weights.unweigh(summed[:-1], summed[-1])
     return [(g, v) for g, (_, v) in zip(summed, pairs)]

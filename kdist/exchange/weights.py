@@ -1,10 +1,12 @@
 """Gradient weights of unequal replica batches: the update stays the global-batch mean.
 
 Keras scales each replica's loss by 1 / replicas and all-reduces the gradients by sum, which is the
-global mean only when the replicas' batches are equal. With b_i examples on replica i, kdist sends
-b_i x replicas x (Keras's gradient) = b_i g_i, and b_i, in the same all-reduce, and divides the sums:
-sum_i b_i g_i / sum_i b_i. Each replica's b_i is recorded by its `train_step` (`recording_batch_size`),
-in the replica's own thread, where tf.distribute traces it.
+global mean only when the replicas' batches are equal: a last, short batch of 13 rows split 7/6
+(or 1/0) weighs the examples of the smaller share more than one device does. With b_i examples on
+replica i, kdist sends b_i x replicas x (Keras's gradient) = b_i g_i, and b_i, in the same
+all-reduce, and divides the sums: sum_i b_i g_i / sum_i b_i, the one-device gradient of the global
+batch. Each replica's b_i is recorded by its `train_step` (`recording_batch_size`), in the
+replica's own thread, where tf.distribute traces it. A replica with no examples sends zeros.
 """
 
 from __future__ import annotations
@@ -29,6 +31,12 @@ def recording_batch_size(train_step):
     return step
 
 
+def recorded_batch_size():
+    """This replica's examples in the `train_step` running now; None outside one (a custom
+    training loop calling the optimizer itself)."""
+    return getattr(_local, "batch_size", None)
+
+
 def batch_size_of(data):
     """Examples in a (x, y, sample_weight) batch: the first dimension of its first tensor."""
     import tensorflow as tf
@@ -36,21 +44,35 @@ def batch_size_of(data):
     return tf.shape(tf.nest.flatten(data)[0], out_type=tf.int64)[0]
 
 
-def weigh(gradients: list, replicas: int):
-    """This replica's gradients times b_i x replicas, and b_i (as float32) to all-reduce with them."""
+def scaled(gradient, factor):
+    """`gradient` (a tensor or `IndexedSlices`) times the scalar `factor`."""
     import tensorflow as tf
 
-    batch_size = getattr(_local, "batch_size", None)
+    if isinstance(gradient, tf.IndexedSlices):
+        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.dtype),
+                                gradient.indices, gradient.dense_shape)
+    return gradient * tf.cast(factor, gradient.dtype)
+
+
+def weigh(gradients: list, replicas: int, batch_size=None):
+    """This replica's gradients times b_i x replicas, and b_i (as float32) to all-reduce with them
+    (b_i: `batch_size`, else the one `train_step` recorded)."""
+    import tensorflow as tf
+
+    if batch_size is None:
+        batch_size = recorded_batch_size()
     if batch_size is None:
         raise RuntimeError("kdist balance: the optimizer was called outside the model's train_step, "
                            "so this replica's batch size is unknown. Call the optimizer from "
                            "train_step (Keras's own or an override), or drop balance=")
-    weighted = [g * tf.cast(batch_size * replicas, g.dtype) for g in gradients]
+    weighted = [scaled(g, batch_size * replicas) for g in gradients]
     return weighted, tf.cast(batch_size, tf.float32)
 
 
 def unweigh(summed: list, examples) -> list:
-    """The all-reduced weighted gradients divided by the examples of all replicas."""
+    """The all-reduced weighted gradients divided by the examples of all replicas (none: zeros,
+    as every replica's share was empty)."""
     import tensorflow as tf
 
-    return [g / tf.cast(examples, g.dtype) for g in summed]
+    share = tf.math.divide_no_nan(1.0, examples)
+    return [scaled(g, share) for g in summed]

@@ -67,7 +67,7 @@ def reading(after, name: str | None = None, whole: bool = False):
     """A tensor of the host's clock (`tf.timestamp()`, seconds), read once `after` (a tensor or a
     list of them) exists; with `name`, also written to this process's clock variable (read by
     the running fit's `StepClock`). The reading waits for one value of each tensor (cheap
-    enough for every step); `whole` waits for their sums instead, so every value is read once
+    enough for every step, none for an empty tensor); `whole` waits for their sums instead, so every value is read once
     (what `kdist.balance`'s few timed passes use)."""
     import tensorflow as tf
 
@@ -75,8 +75,9 @@ def reading(after, name: str | None = None, whole: bool = False):
                for t in tf.nest.flatten(after) if t is not None]
     numeric = [t for t in tensors
                if (t.dtype.is_floating or t.dtype.is_integer) and t.shape.num_elements() != 0]
-    probe = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float64)) if whole else
-                      tf.cast(tf.reshape(t, [-1])[0], tf.float64) for t in numeric]) \
+    # [:1], not [0]: a replica's share of a short last batch may be empty
+    probe = tf.add_n([tf.reduce_sum(tf.cast(t if whole else tf.reshape(t, [-1])[:1], tf.float64))
+                      for t in numeric]) \
         if numeric else tf.constant(0.0, tf.float64)
     seconds = tf.cond(tf.math.is_nan(probe), tf.timestamp, tf.timestamp)
     if name is not None:

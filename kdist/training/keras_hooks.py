@@ -40,6 +40,8 @@ class KdistHooks(Hooks):
             logger.info("kdist: balance=%s with one replica: nothing to balance", options.balance)
             options = dataclasses.replace(options, balance=None)
         states.bind(model, options)
+        if _sums_replicas(model):  # each replica's gradients weighed by its examples
+            keras_internals.wrap_train_step(model, weights.recording_batch_size)
         optimizer = model.optimizer
         keras_accumulation = _accumulation_in_phases(model)
         if optimizer is None or not (options.exchanges_gradients or keras_accumulation):
@@ -53,8 +55,6 @@ class KdistHooks(Hooks):
             raise ValueError("this optimizer is already bound by kdist; create a new optimizer "
                              "(or model) per compression setting")
         states.bind_exchange(optimizer, Exchange(optimizer, options, keras_accumulation))
-        if options.balance is not None:  # the weights need each replica's batch size
-            keras_internals.wrap_train_step(model, weights.recording_batch_size)
 
     def after_symbolic_build(self, model, epoch_iterator) -> None:
         from kdist.balance import fitting
@@ -76,7 +76,7 @@ class KdistHooks(Hooks):
     def exchange_gradients(self, optimizer, grads_and_vars, original):
         import tensorflow as tf
 
-        from kdist.exchange import plain_sum
+        from kdist.exchange import plain_sum, weights
         from kdist.exchange.comm import tcp_ring
         from kdist.layers import placement
         from kdist.steps import clock
@@ -92,8 +92,8 @@ class KdistHooks(Hooks):
         exchange = states.exchange_of(optimizer)
         if exchange is not None:
             summed = exchange.exchange(grads_and_vars, context)
-        elif tcp_ring(context.strategy) is not None or placement.own_group_devices(
-                [v for _, v in grads_and_vars], context.strategy):
+        elif tcp_ring(context.strategy) is not None or weights.recorded_batch_size() is not None \
+                or placement.own_group_devices([v for _, v in grads_and_vars], context.strategy):
             summed = plain_sum(grads_and_vars, context, optimizer.iterations)
         else:
             summed = original(optimizer, grads_and_vars)
@@ -136,6 +136,12 @@ class KdistHooks(Hooks):
         from kdist.callbacks import BackupAndRestore
 
         return BackupAndRestore
+
+
+def _sums_replicas(model) -> bool:
+    """Whether `model` trains on several synchronous replicas whose gradients are summed."""
+    strategy = model.distribute_strategy
+    return strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy)
 
 
 def _accumulation_in_phases(model) -> int | None:

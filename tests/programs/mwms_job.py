@@ -54,17 +54,21 @@ def error_of(fn):
     return None
 
 
-def shard_of_one_epoch():
-    """Indices this worker's replicas get from Keras's in-memory pipeline in one shuffled epoch."""
-    indices = np.arange(64, dtype="float32").reshape(-1, 1)
+def shard_of_one_epoch(epochs=1):
+    """Indices this worker's replicas get from Keras's in-memory pipeline in each shuffled epoch
+    (the first alone when `epochs` is 1), 61 rows in batches of 8 (a short last batch)."""
+    indices = np.arange(61, dtype="float32").reshape(-1, 1)
     iterator = TFEpochIterator(x=indices, batch_size=8, shuffle=True, distribute_strategy=strategy)
-    seen = []
-    with iterator.catch_stop_iteration():
-        for it in epoch_iterators(iterator):
-            batch = tf.nest.flatten(next(it))[0]
-            for value in strategy.experimental_local_results(batch):
-                seen += value.numpy().ravel().astype(int).tolist()
-    return seen
+    shards = []
+    for _ in range(epochs):
+        seen = []
+        with iterator.catch_stop_iteration():
+            for it in epoch_iterators(iterator):
+                batch = tf.nest.flatten(next(it))[0]
+                for value in strategy.experimental_local_results(batch):
+                    seen += value.numpy().ravel().astype(int).tolist()
+        shards.append(seen)
+    return shards[0] if epochs == 1 else shards
 
 
 # 1. Regression evidence: each upstream bug still breaks Keras without kdist's workaround.
@@ -77,6 +81,7 @@ report["only_build_patched_fit_error"] = error_of(
     lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0))
 report["workarounds"] = keras_seam.install()
 report["patched_shard"] = shard_of_one_epoch()
+report["patched_shards"] = shard_of_one_epoch(epochs=3)
 
 # 2. fit on in-memory arrays (shuffled) with the multi-worker-safe callbacks.
 model = make_model()

@@ -420,11 +420,82 @@ def jit_compile():
     return fit_regression(dense_model, lambda: keras.optimizers.SGD(0.05), jit_compile=True)
 
 
+# ------------------------------------------------------------- gradient types and uneven shares
+TOKENS = (np.arange(64 * 6).reshape(64, 6) * 7 % 23).astype("int32")  # repeats in every batch
+
+
+def embedding_sgd():
+    """Embedding: its gradient is IndexedSlices, with indices repeated within and across rows."""
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(23, 4),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    with scope():
+        net = model()
+        net.compile(keras.optimizers.SGD(0.5), "mse")
+    history = net.fit(TOKENS, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return net, history.history, net.evaluate(TOKENS, Y, batch_size=GLOBAL_BATCH, verbose=0,
+                                              return_dict=True)
+
+
+def gather_dense_unused_adam():
+    """A table read by tf.gather (IndexedSlices, repeated indices), a dense kernel, and a variable
+    no loss reaches (no gradient)."""
+    class GatherAndUnused(keras.layers.Layer):
+        def build(self, shape):
+            self.table = self.add_weight(shape=(8, 4), initializer="glorot_uniform", name="table")
+            self.kernel = self.add_weight(shape=(8, 4), initializer="glorot_uniform",
+                                          name="kernel")
+            self.unused = self.add_weight(shape=(3,), initializer="ones", name="unused")
+
+        def call(self, x):
+            index = tf.cast(tf.abs(x[:, :2]) * 3, "int32") % 8
+            return tf.reduce_mean(tf.gather(self.table, index), axis=1) + tf.matmul(x, self.kernel)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((8,)), GatherAndUnused(), keras.layers.Dense(1)])
+
+    return fit_regression(model, lambda: keras.optimizers.Adam(0.01))
+
+
+def fit_rows(rows, batch, sample_weight=None):
+    with scope():
+        model = dense_model()
+        model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"])
+    history = model.fit(X[:rows], Y[:rows], batch_size=batch, epochs=EPOCHS, shuffle=False,
+                        verbose=0, sample_weight=sample_weight)
+    return model, history.history, model.evaluate(X[:rows], Y[:rows], batch_size=batch,
+                                                  verbose=0, return_dict=True)
+
+
+def uneven_last_batch():
+    """61 rows in batches of 16: the last batch of 13 splits 7/6."""
+    return fit_rows(61, GLOBAL_BATCH)
+
+
+def uneven_last_batch_weighted():
+    return fit_rows(61, GLOBAL_BATCH, sample_weight=np.linspace(0.1, 2.0, 61).astype("float32"))
+
+
+def one_row_last_batch():
+    """49 rows: the last batch is one row, so one replica's share is empty."""
+    return fit_rows(49, GLOBAL_BATCH)
+
+
+def empty_share():
+    """5 rows in batches of 2 (keras-team/keras#20712's shape): every last share is empty."""
+    return fit_rows(5, 2)
+
+
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
           classification_metrics, multi_output, dropout, custom_train_step,
-          custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile]
+          custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
+          embedding_sgd, gather_dense_unused_adam, uneven_last_batch, uneven_last_batch_weighted,
+          one_row_last_batch, empty_share]
 
 
 # ------------------------------------------------------------------------------------ running
