@@ -78,6 +78,15 @@ def test_metric_sync_bug_upstream_on_keras_before_3_10_only(job):
 
 def test_predict_returns_rows_in_input_order(job):
     assert both(job, "predict_rows") == [203, 203]
+
+
+def test_predict_on_batch_returns_the_batchs_rows(job):
+    """Workaround predict_on_batch_under_replicas: one prediction per row, in input order, for
+    even, uneven and one-row batches; Keras as shipped returns every replica's (2 x 64 rows)."""
+    assert both(job, "predict_on_batch_rows") == [[64, 3, 1]] * 2
+    assert max(both(job, "predict_on_batch_max_diff")) < 1e-5
+    assert both(job, "unpatched_predict_on_batch_rows") == [128, 128], \
+        "upstream fixed? give predict_on_batch_under_replicas its fixed_in"
     assert max(both(job, "predict_numpy_max_diff") + both(job, "predict_dataset_max_diff")) < 1e-5
 
 

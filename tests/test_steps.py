@@ -1,7 +1,8 @@
 """Step timing, stragglers and hangs under MultiWorkerMirrored (kdist.steps), with 2 real workers:
 a worker that stops (SIGSTOP) is reported by the other's watchdog with every thread's stack and
 where each worker is, and with hang_action='exit' the job ends with code 76; a worker on a slow
-machine (a 20% CPU cgroup) is named the slowest at each epoch's end, in the log and the History."""
+machine (a 20% CPU cgroup) is named the slowest at each epoch's end, on lines of their own, and
+nothing enters the user's History."""
 
 import json
 import re
@@ -24,7 +25,9 @@ def test_a_stopped_worker_is_reported_with_stacks_and_positions_then_exit_76(tmp
     assert re.search(r"\[worker-0\] kdist: no training step completed on worker:0 for \d+ s "
                      r"\(hang timeout 5 s, KDIST_HANG_TIMEOUT\)", out), out[-4000:]
     assert "[worker-0] Thread 0x" in out and "(most recent call first):" in out  # the stacks
-    assert "[worker-0] kdist:   worker:0: step 52: waiting for its input" in out  # 32 + 20
+    # 32 + 20; worker 0's next batch is already there (in-memory arrays: kdist's shares need
+    # no agreement on a next batch), so it waits for worker 1 in the gradients' sum
+    assert "[worker-0] kdist:   worker:0: step 52: in the gradient all-reduce" in out
     # worker 1 stopped: its last report (from a background thread, every 2 s) is older
     assert re.search(r"\[worker-0\] kdist:   worker:1: step \d+: .* \(reported \d+ s ago", out)
     assert "[worker-0] kdist: behind: worker:1; the others wait for it" in out
@@ -37,18 +40,20 @@ def test_the_slow_worker_is_named_at_each_epochs_end(tmp_path, slow_cpu_cgroup):
                         PROGRAM, "straggle", str(tmp_path)], timeout=330,
                        env={"STEPS_JOB_CGROUP": slow_cpu_cgroup})
     assert result.returncode == 0, result.stdout[-4000:]
-    lines = [line for line in result.stdout.splitlines() if "median step per worker" in line]
-    assert [line.split(",")[0] for line in lines] == ["[worker-0] kdist: epoch 1",
-                                                      "[worker-0] kdist: epoch 2"]
-    for line in lines:
-        ratio = float(re.search(r"Slowest: worker:1, its compute ([\d.]+)x the fastest", line)[1])
-        assert ratio > 1.5, line
-        assert re.search(r"worker:0 input [\d.]+ ms, compute [\d.]+ ms, all-reduce [\d.]+ ms, "
-                         r"step [\d.]+ ms; worker:1 input", line)
-    for task in ("worker:0", "worker:1"):
+    lines = result.stdout.splitlines()
+    heads = [k for k, line in enumerate(lines) if ": slowest worker:" in line]
+    assert [lines[k].split(":")[0:2] for k in heads] == [["[worker-0] kdist", " epoch 1"],
+                                                         ["[worker-0] kdist", " epoch 2"]]
+    for k in heads:
+        ratio = float(re.search(r"slowest worker:1, its compute ([\d.]+)x the fastest's "
+                                r"\(worker:0\)$", lines[k])[1])
+        assert ratio > 1.5, lines[k]
+        for offset, task in ((1, "worker:1"), (2, "worker:0")):  # on lines of their own
+            assert re.fullmatch(rf"\[worker-0\] kdist:   {task} input [\d.]+ ms, compute [\d.]+ "
+                                r"ms, all-reduce [\d.]+ ms, step [\d.]+ ms", lines[k + offset])
+    for task in ("worker:0", "worker:1"):  # the user's History holds the user's metrics only
         history = json.loads((tmp_path / f"{task}.json").read_text())
-        assert history["kdist_slowest_worker"] == [1, 1]
-        assert min(history["kdist_slowest_ratio"]) > 1.5
+        assert sorted(history) == ["loss"], history
 
 
 @pytest.mark.parametrize("env,given,expected", [

@@ -110,10 +110,18 @@ class Exchange:
         pairs = list(grads_and_vars)
         present = [(i, g, v) for i, (g, v) in enumerate(pairs) if g is not None]
         grads = [g for _, g, _ in present]  # IndexedSlices stay sparse: Comm gathers them
+        compressed = {k for k, (_, g, v) in enumerate(present) if self.phase.compress
+                      and self._compresses(v) and not isinstance(g, tf.IndexedSlices)}
         comm = Comm(replica_context, self.optimizer.iterations)
+        # Weighed by the replica's examples: every gradient under balance, else the exact sums
+        # (a compressor's scale, its clipping and residuals, stays Keras's gradient's).
+        weighed = set(range(len(grads))) if self.balanced else \
+            set(range(len(grads))) - compressed if weights.recorded_batch_size() is not None \
+            else set()
         riders = []
-        if self.balanced or weights.recorded_batch_size() is not None:
-            grads, examples = weights.weigh(grads, comm.replicas)
+        if weighed:
+            scaled, examples = weights.weigh([grads[k] for k in sorted(weighed)], comm.replicas)
+            grads = [scaled.pop(0) if k in weighed else g for k, g in enumerate(grads)]
             riders = [examples]  # summed in the same all-reduce as the first plain gradients
         groups = buckets.buckets([t.shape.num_elements() * t.dtype.size for t in grads],
                                  self.bucket_bytes) if self.bucket_bytes \
@@ -122,8 +130,7 @@ class Exchange:
         summed, examples = {}, None
         for index, group in enumerate(groups):  # one collective (or compressor round) per bucket
             extra = riders if index == 0 else []
-            chosen = [k for k in group if self.phase.compress and self._compresses(present[k][2])
-                      and not isinstance(grads[k], tf.IndexedSlices)]  # sparse: gathered exactly
+            chosen = [k for k in group if k in compressed]
             plain = [k for k in group if k not in chosen]
             reduced = comm.all_reduce_sum([grads[k] for k in plain] + extra)
             summed.update(zip(plain, reduced))
@@ -134,7 +141,8 @@ class Exchange:
                 summed.update(zip(chosen, self.compressor.aggregate([grads[k] for k in chosen],
                                                                     states, comm)))
         if riders:
-            summed = dict(zip(summed, weights.unweigh(list(summed.values()), examples)))
+            order = sorted(weighed)
+            summed.update(zip(order, weights.unweigh([summed[k] for k in order], examples)))
         out = list(pairs)
         for k, (i, _, v) in enumerate(present):
             out[i] = (summed[k], v)

@@ -333,6 +333,27 @@ def _leaves_without_remote_removal(original):
     return __init__
 
 
+# ----------------------------------------------------------------------------------------------
+# 9. `predict_on_batch(x)` under several replicas runs the whole undistributed batch on every
+#    replica and concatenates their outputs: 64 rows in, 128 out under 2 replicas (Mirrored and
+#    MultiWorkerMirrored alike). kdist predicts the batch as `predict` does, one batch of its rows
+#    split over the replicas, in input order.
+def _predict_on_batch_distributed(original):
+    @functools.wraps(original)
+    def predict_on_batch(self, x):
+        import keras
+        import tensorflow as tf
+
+        strategy = keras_internals.strategy_of(self)
+        if strategy is None or strategy.num_replicas_in_sync == 1 or \
+                is_parameter_server(strategy):
+            return original(self, x)
+        rows = int(tf.shape(keras.tree.flatten(x)[0])[0])
+        return self.predict(x, batch_size=max(rows, 1), verbose=0)
+
+    return predict_on_batch
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -417,6 +438,11 @@ FIXES = [
           upstream="none: Keras 3 dropped tf.keras's keras.utils.experimental",
           why="the parameter-server tutorial's DatasetCreator raises a bare AttributeError; kdist "
               "says what to write in Keras 3"),
+    Patch("predict_on_batch_under_replicas", FIX,
+          {Target("Trainer", "predict_on_batch"): _predict_on_batch_distributed},
+          upstream="none filed; see kdist/keras_seam/fixes.py",
+          why="predict_on_batch under several replicas returns every replica's prediction of the "
+              "whole batch: N times the rows"),
     Patch("ps_chief_exits_after_a_lost_worker", FIX,
           {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
           upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",

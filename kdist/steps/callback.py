@@ -4,14 +4,16 @@ the stragglers, measured.
 `kdist.training.dispatch` adds it to `fit` under MultiWorkerMirrored (``kdist.scope(
 watch_steps=False)`` leaves it out). At the end of every epoch each worker's median step is split
 into input wait, compute and communication (`kdist.steps.clock`); one small all-gather brings every
-worker's figures to every worker, and the chief logs which worker is slowest and by how much:
+worker's figures to every worker, and the chief logs which worker is slowest and by how much, on
+lines of its own once Keras's progress bar has ended its epoch's line (when the next epoch, or the
+training, begins to end):
 
-    kdist: epoch 2, median step per worker: worker:0 input 19.8 ms, compute 12.9 ms, all-reduce
-    143.0 ms, step 211.6 ms; worker:1 input 16.5 ms, compute 94.6 ms, all-reduce 80.4 ms, step
-    214.4 ms. Slowest: worker:1, its compute 7.35x the fastest worker's
+    kdist: epoch 2: slowest worker:1, its compute 7.35x the fastest's (worker:0)
+    kdist:   worker:1 input 16.5 ms, compute 94.6 ms, all-reduce 80.4 ms, step 214.4 ms
+    kdist:   worker:0 input 19.8 ms, compute 12.9 ms, all-reduce 143.0 ms, step 211.6 ms
 
-and puts ``kdist_slowest_worker`` (its position among the workers, chief first) and
-``kdist_slowest_ratio`` in the epoch's logs (History, TensorBoard, CSVLogger).
+The user's logs (History, the progress bar, CSVLogger, TensorBoard) get nothing; the last epoch's
+`Stragglers` stay on the callback (`StepWatch.last`).
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class StepWatch(keras.callbacks.Callback):
         self.watchdog = None
         self._gather = None
         self._epochs = 0
+        self.last: Stragglers | None = None  # the last epoch's figures
+        self._unsaid: list[str] = []  # the chief's lines, said once the progress bar's ended
 
     def on_train_begin(self, logs=None):
         self.clock = clocks.StepClock(clocks.stamps())
@@ -48,6 +52,9 @@ class StepWatch(keras.callbacks.Callback):
         self.watchdog = Watchdog(self.clock, self.task, self.tasks, self.timeout, self.action,
                                  store)
         self.watchdog.start()
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._say()
 
     def on_train_batch_begin(self, batch, logs=None):
         self.clock.begin()
@@ -61,13 +68,17 @@ class StepWatch(keras.callbacks.Callback):
         if not self.multi_worker or "compute" not in medians:
             return
         figures = self._gathered([medians.get(key, math.nan) for key in SPLIT])
-        line, slowest, ratio = summary(epoch, self.tasks, figures)
-        if logs is not None:
-            logs.update(kdist_slowest_worker=slowest, kdist_slowest_ratio=ratio)
+        self.last = Stragglers(epoch, self.tasks, figures)
         if self.task == self.tasks[0]:
+            self._unsaid = self.last.lines()
+
+    def _say(self) -> None:
+        for line in self._unsaid:
             logger.info("%s", line)
+        self._unsaid = []
 
     def on_train_end(self, logs=None):
+        self._say()
         clocks.watching(False)
         if self.watchdog is not None:
             self.watchdog.stop()
@@ -92,25 +103,34 @@ class StepWatch(keras.callbacks.Callback):
         return [list(gathered[k * per_worker]) for k in range(len(self.tasks))]
 
 
-def summary(epoch: int, tasks: list[str], figures: list[list[float]]) -> tuple[str, int, float]:
-    """The chief's line, the slowest worker's position and its compute time over the fastest's
-    (compute: a worker's own forward and backward pass; input and communication include the
-    time each waits for the others).
+class Stragglers:
+    """One epoch's median step split on every worker, and the slowest by its compute (a worker's
+    own forward and backward pass; input and communication include the time each waits for the
+    others).
 
-    >>> line, slowest, ratio = summary(0, ["worker:0", "worker:1"],
-    ...                                [[0.004, 0.012, 0.012, 0.0246], [0.004, 0.0235, 0.0004, 0.0246]])
-    >>> slowest, round(ratio, 2)
+    >>> s = Stragglers(0, ["worker:0", "worker:1"],
+    ...                [[0.004, 0.012, 0.012, 0.0246], [0.004, 0.0235, 0.0004, 0.0246]])
+    >>> s.slowest, round(s.ratio, 2)
     (1, 1.96)
-    >>> line.split(". ")[-1]
-    "Slowest: worker:1, its compute 1.96x the fastest worker's"
+    >>> print("\\n".join(s.lines()))
+    kdist: epoch 1: slowest worker:1, its compute 1.96x the fastest's (worker:0)
+    kdist:   worker:1 input 4.0 ms, compute 23.5 ms, all-reduce 0.4 ms, step 24.6 ms
+    kdist:   worker:0 input 4.0 ms, compute 12.0 ms, all-reduce 12.0 ms, step 24.6 ms
     """
-    compute = [f[1] for f in figures]
-    slowest = max(range(len(compute)), key=compute.__getitem__)
-    fastest = min(range(len(compute)), key=compute.__getitem__)
-    ratio = compute[slowest] / compute[fastest] if compute[fastest] > 0 else math.inf
-    parts = "; ".join(f"{task} input {f[0] * 1e3:.1f} ms, compute {f[1] * 1e3:.1f} ms, "
-                      f"all-reduce {f[2] * 1e3:.1f} ms, step {f[3] * 1e3:.1f} ms"
-                      for task, f in zip(tasks, figures))
-    return (f"kdist: epoch {epoch + 1}, median step per worker: {parts}. Slowest: "
-            f"{tasks[slowest]}, its compute {ratio:.2f}x the fastest worker's"), slowest, \
-        float(ratio)
+
+    def __init__(self, epoch: int, tasks: list[str], figures: list[list[float]]):
+        self.epoch, self.tasks, self.figures = epoch, tasks, figures
+        compute = [f[1] for f in figures]
+        self.slowest = max(range(len(compute)), key=compute.__getitem__)
+        self.fastest = min(range(len(compute)), key=compute.__getitem__)
+        self.ratio = float(compute[self.slowest] / compute[self.fastest]) \
+            if compute[self.fastest] > 0 else math.inf
+
+    def lines(self) -> list[str]:
+        """A headline, then the slowest and the fastest worker's split."""
+        head = (f"kdist: epoch {self.epoch + 1}: slowest {self.tasks[self.slowest]}, its compute "
+                f"{self.ratio:.2f}x the fastest's ({self.tasks[self.fastest]})")
+        return [head] + [f"kdist:   {self.tasks[k]} input {f[0] * 1e3:.1f} ms, compute "
+                         f"{f[1] * 1e3:.1f} ms, all-reduce {f[2] * 1e3:.1f} ms, step "
+                         f"{f[3] * 1e3:.1f} ms" for k in dict.fromkeys((self.slowest, self.fastest))
+                         for f in [self.figures[k]]]

@@ -76,6 +76,7 @@ keras_seam.uninstall()
 report["unpatched_fit_error"] = error_of(lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH,
                                                                   epochs=1, verbose=0))
 report["unpatched_shard"] = shard_of_one_epoch()
+report["unpatched_predict_on_batch_rows"] = len(make_model().predict_on_batch(x[:64]))
 keras_seam.patch("symbolic_build_without_collective").install()
 report["only_build_patched_fit_error"] = error_of(
     lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0))
@@ -124,6 +125,8 @@ report["predict_numpy_max_diff"] = float(np.abs(model.predict(x, batch_size=GLOB
                                                               verbose=0) - logits).max())
 predicted = model.predict(tf.data.Dataset.from_tensor_slices(x).batch(GLOBAL_BATCH), verbose=0)
 report["predict_rows"] = int(predicted.shape[0])
+report["predict_on_batch_max_diff"] = float(np.abs(model.predict_on_batch(x[:64]) - logits[:64]).max())
+report["predict_on_batch_rows"] = [len(model.predict_on_batch(x[:n])) for n in (64, 3, 1)]
 report["predict_dataset_max_diff"] = float(np.abs(predicted - logits).max())
 np.savez(os.path.join(out_dir, f"{spec.task}-weights.npz"), *model.get_weights())
 

@@ -43,7 +43,9 @@ with kdist.scope():
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(width, activation="relu"),
                               keras.layers.Dense(width, activation="relu"), keras.layers.Dense(10)])
     model.compile("sgd", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-history = model.fit(x, y, batch_size=512 if mode == "straggle" else 128, epochs=2, verbose=0,
+# straggle: Keras's progress bar on (the chief's), so kdist's lines must start lines of their own
+history = model.fit(x, y, batch_size=512 if mode == "straggle" else 128, epochs=2,
+                    verbose="auto" if mode == "straggle" else 0,
                     callbacks=[StopBefore21st()])
 with open(os.path.join(out, f"{spec.task_type}:{spec.task_index}.json"), "w") as f:
     json.dump(history.history, f)
