@@ -103,6 +103,11 @@ def _rebuild_refused(options: dict, spec) -> str:
             "before the first TensorFlow op (dataset, tensor or model)")
 
 
+# The scope's own options (training options), beside the strategy's (`StrategyOptions`).
+SCOPE_OPTIONS = ("strategy", "compression", "aggregate_every", "ps_sync", "balance", "bucket_bytes",
+                 "check_replicas", "watch_steps", "hang_timeout", "hang_action")
+
+
 @contextlib.contextmanager
 def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps_sync="async",
           balance=None, bucket_bytes=None, check_replicas="error", watch_steps=True,
@@ -143,6 +148,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     from kdist.exchange import buckets
     from kdist.training import options as training_options
 
+    strategies.StrategyOptions.from_kwargs(options, also=SCOPE_OPTIONS)  # a typo: the one meant
     requested = training_options.TrainingOptions.parse(
         compression=compression, aggregate_every=aggregate_every, bucket_bytes=bucket_bytes,
         balance=balance, ps_sync=ps_sync, check_replicas=check_replicas, watch_steps=watch_steps,

@@ -94,12 +94,19 @@ class StrategyOptions:
                              ">= 3 (TF checks peers with RPCs that need a few seconds)")
 
     @classmethod
-    def from_kwargs(cls, options: dict[str, Any]) -> "StrategyOptions":
-        """Builds options from keyword arguments, rejecting unknown names with the valid ones listed."""
-        names = {f.name for f in dataclasses.fields(cls)}
+    def from_kwargs(cls, options: dict[str, Any], also: tuple[str, ...] = (),
+                    caller: str = "kdist.scope()") -> "StrategyOptions":
+        """Builds options from keyword arguments, rejecting an unknown name with the one meant
+        and every valid one (`also`: the caller's own options, such as the scope's training
+        options)."""
+        import difflib
+
+        names = {f.name for f in dataclasses.fields(cls)} | set(also)
         unknown = sorted(set(options) - names)
         if unknown:
-            raise TypeError(f"kdist.scope() got unknown option {unknown[0]!r}; valid options: "
+            close = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.6)
+            meant = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TypeError(f"{caller} got unknown option {unknown[0]!r}{meant}; valid options: "
                             f"{', '.join(sorted(names))}")
         return cls(**options)
 

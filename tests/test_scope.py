@@ -280,3 +280,14 @@ def test_a_server_whose_chief_never_comes_says_so_and_exits_69_after_its_timeout
     assert f"kdist: ps:0 has waited 3 s for the chief: waiting for {chief}" in result.stderr
     assert f"kdist: error: ps:0 gave up after 5 s waiting for the chief: {chief}" in result.stderr
     assert time.monotonic() - started < 40
+
+
+def test_a_misspelt_scope_option_names_the_one_meant_and_every_option():
+    with pytest.raises(TypeError) as info:
+        with kdist.scope(compresion="fp16"):
+            pass
+    message = str(info.value)
+    assert "unknown option 'compresion' (did you mean 'compression'?)" in message
+    for option in ("compression", "balance", "bucket_bytes", "ps_sync", "check_replicas",
+                   "aggregate_every", "all_reduce", "devices"):
+        assert f"{option}," in message or message.endswith(option), option

@@ -100,6 +100,10 @@ OWNERS = {
     "Variable": lambda: importlib.import_module("keras.src.backend").Variable,
     "Metric": _public("metrics.Metric"),
     "ArrayDataAdapter": _array_data_adapter,
+    "PyDatasetAdapter": lambda: importlib.import_module(
+        "keras.src.trainers.data_adapters.py_dataset_adapter").PyDatasetAdapter,
+    "TFDatasetAdapter": lambda: importlib.import_module(
+        "keras.src.trainers.data_adapters.tf_dataset_adapter").TFDatasetAdapter,
     "BackupAndRestore": _public("callbacks.BackupAndRestore"),
     "ModelCheckpoint": _public("callbacks.ModelCheckpoint"),
     "TensorBoard": _public("callbacks.TensorBoard"),

@@ -10,11 +10,9 @@ True
 from __future__ import annotations
 
 import functools
-import json
-import zlib
 
 from kdist import global_state
-from kdist.keras_seam import keras_internals, one_device, versions
+from kdist.keras_seam import inputs, keras_internals, one_device, versions
 from kdist.keras_seam.callbacks import FILE_CALLBACKS
 from kdist.keras_seam.hooks import connected
 from kdist.keras_seam.registry import FIX, Patch, Target
@@ -39,7 +37,7 @@ def _symbolic_build_without_collective(original):
         dataset = keras_internals.distributed_dataset(iterator)
         # A continuing dataset's batch is read from an iterator of its own: its shared one
         # must start the first epoch with the first batch.
-        iterators = [iter(dataset.dataset)] if isinstance(dataset, _Continuing) \
+        iterators = [iter(dataset.dataset)] if isinstance(dataset, inputs.Continuing) \
             else keras_internals.epoch_iterators(iterator)
         for it in iterators:
             batch = next(it)
@@ -83,85 +81,10 @@ def _scalar_reduce(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. In-memory arrays (`fit(x=np_array, shuffle=True)`): Keras's ArrayDataAdapter permutes the
-#    indices with an unseeded `tf.random.shuffle` in every process, then tf.data auto-shards the
-#    batches by DATA. Each worker takes its slice of a *different* permutation, so within an epoch
-#    some examples are trained on twice and others never. kdist shuffles with one seed shared by
-#    every worker of the job (derived from the addresses of the strategy's cluster) and reshuffles
-#    each epoch, so the shards partition it. Keras 3.16 shuffles with a stateless seed per epoch,
-#    the same on every worker: fixed there.
-def _shared_shuffle_seed(spec) -> int:
-    return zlib.crc32(json.dumps(spec.jobs, sort_keys=True).encode())
-
-
-def _consistently_shuffled_dataset(adapter, seed: int, context):
-    """This input pipeline's part of every global batch of `adapter`'s arrays, shuffled with
-    `seed` (the same permutation on every worker, a new one each epoch): each of its replicas'
-    shares, split as tf.distribute splits a batch (the first n % replicas shares one row longer),
-    gathered here and nowhere else (no worker gathers the others' rows and throws them away, and
-    no graph rewrite of the arrays when each epoch's iterator is made)."""
-    import keras
-    import numpy as np
-    import tensorflow as tf
-    from keras.src.trainers.data_adapters import array_slicing
-
-    inputs = keras.tree.lists_to_tuples(
-        array_slicing.convert_to_sliceable(adapter._inputs, target_backend="tensorflow"))
-    if not all(isinstance(t, np.ndarray) or (tf.is_tensor(t) and not isinstance(
-            t, (tf.SparseTensor, tf.RaggedTensor))) for t in keras.tree.flatten(inputs)):
-        raise ValueError("fit(shuffle=True) on in-memory sparse or ragged inputs under "
-                         "MultiWorkerMirroredStrategy cannot be shuffled identically on every "
-                         "worker; pass a tf.data.Dataset (shuffled with a fixed seed) or "
-                         "shuffle=False")
-    indices = tf.data.Dataset.range(adapter._num_samples)
-    if adapter._shuffle == "batch":
-        indices = indices.batch(adapter._batch_size).shuffle(
-            adapter.num_batches, seed=seed, reshuffle_each_iteration=True)
-    else:
-        indices = indices.shuffle(adapter._num_samples, seed=seed,
-                                  reshuffle_each_iteration=True).batch(adapter._batch_size)
-    replicas = context.num_replicas_in_sync
-    local = replicas // context.num_input_pipelines
-    first = context.input_pipeline_id * local
-
-    def share(batch, arrays, replica):
-        rows, replica = tf.shape(batch, out_type=tf.int64)[0], tf.cast(replica, tf.int64)
-        size, longer = rows // replicas, rows % replicas
-        start = replica * size + tf.minimum(replica, longer)
-        rows = batch[start:start + size + tf.cast(replica < longer, tf.int64)]
-        return keras.tree.map_structure(lambda t: tf.gather(t, rows), arrays)
-
-    # The arrays ride beside the indices (from_tensors), not captured by the map function: a
-    # capture is copied into the dataset's graph each time an epoch makes its iterator (0.2-1 s
-    # for 25 MB).
-    batches = tf.data.Dataset.zip((indices, tf.data.Dataset.from_tensors(inputs).repeat()))
-    if local == 1:
-        dataset = batches.map(lambda batch, arrays: share(batch, arrays, first))
-    else:  # this worker's replicas take their shares in turn
-        dataset = batches.flat_map(lambda batch, arrays: tf.data.Dataset.range(
-            first, first + local).map(lambda replica: share(batch, arrays, replica)))
-    return dataset.repeat().prefetch(tf.data.AUTOTUNE)  # a new permutation each epoch
-
-
-class _Continuing:
-    """A distributed dataset whose every `iter()` continues one iterator, so that an epoch's
-    first batch is already prefetched when it begins (Keras makes two new iterators per epoch,
-    each tens of milliseconds under MultiWorkerMirrored). Its dataset repeats: each epoch
-    takes the next `num_batches` batches, one permutation, as Keras counts them."""
-
-    def __init__(self, dataset):
-        self.dataset = dataset
-        self._iterator = None
-
-    def __iter__(self):
-        if self._iterator is None:
-            self._iterator = iter(self.dataset)
-        return self._iterator
-
-    def __getattr__(self, name):
-        return getattr(self.dataset, name)
-
-
+# 3. fit's input under MultiWorkerMirrored (`kdist.keras_seam.inputs`): in-memory arrays shuffled
+#    by one seed on every worker (Keras <= 3.15 shuffles each worker's differently), a PyDataset's
+#    batches loaded in one order on every worker, and a dataset of fewer files than workers
+#    sharded by DATA where FILE sharding would fail.
 def _consistent_array_shuffle(original):
     @functools.wraps(original)
     def __init__(self, distribute_strategy=None, *args, **kwargs):
@@ -171,10 +94,48 @@ def _consistent_array_shuffle(original):
         adapter = self.data_adapter
         if (isinstance(adapter, classes.resolve("ArrayDataAdapter")) and adapter._shuffle
                 and is_multi_worker(distribute_strategy)):
-            seed = _shared_shuffle_seed(connected().cluster_of(distribute_strategy))
-            self._distributed_dataset = _Continuing(
+            seed = inputs.shared_seed(connected().cluster_of(distribute_strategy))
+            self._distributed_dataset = inputs.Continuing(
                 distribute_strategy.distribute_datasets_from_function(
-                    lambda context: _consistently_shuffled_dataset(adapter, seed, context)))
+                    lambda context: inputs.array_shares(adapter, seed, context)))
+
+    return __init__
+
+
+def _consistent_pydataset_order(original):
+    @functools.wraps(original)
+    def __init__(self, distribute_strategy=None, *args, **kwargs):
+        from kdist.keras_seam import classes
+
+        original(self, distribute_strategy, *args, **kwargs)
+        adapter = self.data_adapter
+        if (isinstance(adapter, classes.resolve("PyDatasetAdapter"))
+                and adapter.py_dataset.num_batches is not None
+                and is_multi_worker(distribute_strategy)):
+            adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
+            seed = inputs.shared_seed(connected().cluster_of(distribute_strategy))
+            epochs = inputs.EpochCount(adapter)
+            self._distributed_dataset = distribute_strategy.distribute_datasets_from_function(
+                lambda context: inputs.pydataset_shares(adapter, seed, epochs, context))
+
+    return __init__
+
+
+def _data_sharding_for_few_files(original):
+    @functools.wraps(original)
+    def __init__(self, distribute_strategy=None, *args, **kwargs):
+        from kdist.keras_seam import classes, tf_internals
+
+        original(self, distribute_strategy, *args, **kwargs)
+        adapter = self.data_adapter
+        if (isinstance(adapter, classes.resolve("TFDatasetAdapter"))
+                and is_multi_worker(distribute_strategy)):
+            resharded = inputs.file_sharding(
+                adapter.get_tf_dataset(), tf_internals.num_workers(distribute_strategy),
+                say=connected().cluster_of(distribute_strategy).is_chief)
+            if resharded is not None:
+                self._distributed_dataset = \
+                    distribute_strategy.experimental_distribute_dataset(resharded)
 
     return __init__
 
@@ -365,11 +326,22 @@ FIXES = [
           why="every step's logs under MultiWorkerMirrored fail: scalars reduced along axis 0"),
     Patch("consistent_array_shuffle", FIX,
           {Target("TFEpochIterator", "__init__"): _consistent_array_shuffle},
-          upstream="none filed; see kdist/keras_seam/fixes.py (Keras 3.16 shuffles with a "
+          upstream="none filed; see kdist/keras_seam/inputs.py (Keras 3.16 shuffles with a "
                    "stateless seed per epoch, the same on every worker)",
           keras_versions=("3.5.0", "3.15.99"), fixed_in="3.16.0",
           why="fit(arrays, shuffle=True) under MultiWorkerMirrored: each worker shards its own "
               "permutation, so some examples train twice per epoch and others never"),
+    Patch("consistent_pydataset_order", FIX,
+          {Target("TFEpochIterator", "__init__"): _consistent_pydataset_order},
+          upstream="none filed; see kdist/keras_seam/inputs.py",
+          why="fit(PyDataset, shuffle=True) under MultiWorkerMirrored: each worker shuffles the "
+              "batch order with its own unseeded random, so some examples train twice per "
+              "epoch and others never"),
+    Patch("data_sharding_for_few_files", FIX,
+          {Target("TFEpochIterator", "__init__"): _data_sharding_for_few_files},
+          upstream="none filed; TensorFlow's AUTO policy raises instead of falling back to DATA",
+          why="a dataset read from fewer files than workers fails at its first batch under "
+              "MultiWorkerMirrored: 'Could not apply FILE based sharding'"),
     Patch("atomic_assign_under_parameter_server", FIX,
           {Target("Variable", name): _atomic(name) for name in ("assign_add", "assign_sub")},
           upstream="none filed; see kdist/keras_seam/fixes.py",

@@ -74,7 +74,8 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "sample_weight", "classification_metrics", "multi_output", "dropout", "custom_train_step",
     "custom_train_step_loss_object", "gan_two_optimizers", "vae", "diverging_replicas",
     "jit_compile", "embedding_sgd", "gather_dense_unused_adam", "uneven_last_batch",
-    "uneven_last_batch_weighted", "one_row_last_batch", "empty_share"]
+    "uneven_last_batch_weighted", "one_row_last_batch", "empty_share", "pydataset",
+    "pydataset_two_workers"]
 
 
 def test_the_idiom_list_is_the_programs(runs):

@@ -489,13 +489,39 @@ def empty_share():
     return fit_rows(5, 2)
 
 
+def fit_pydataset(workers, use_multiprocessing=False):
+    """A keras.utils.PyDataset of global batches, loaded by `workers` threads (or processes)."""
+    class Batches(keras.utils.PyDataset):
+        def __len__(self):
+            return 4
+
+        def __getitem__(self, index):
+            rows = slice(index * GLOBAL_BATCH, (index + 1) * GLOBAL_BATCH)
+            return X[rows], Y[rows]
+
+    with scope():
+        model = dense_model()
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    data = Batches(workers=workers, use_multiprocessing=use_multiprocessing)
+    history = model.fit(data, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, history.history, model.evaluate(data, verbose=0, return_dict=True)
+
+
+def pydataset():
+    return fit_pydataset(workers=1)
+
+
+def pydataset_two_workers():
+    return fit_pydataset(workers=2)
+
+
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
           classification_metrics, multi_output, dropout, custom_train_step,
           custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
           embedding_sgd, gather_dense_unused_adam, uneven_last_batch, uneven_last_batch_weighted,
-          one_row_last_batch, empty_share]
+          one_row_last_batch, empty_share, pydataset, pydataset_two_workers]
 
 
 # ------------------------------------------------------------------------------------ running

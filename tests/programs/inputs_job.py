@@ -1,0 +1,100 @@
+"""fit's inputs under MultiWorkerMirrored (kdist/keras_seam/inputs.py), for tests/test_inputs.py:
+which examples each worker trains on in each epoch, for a shuffled PyDataset (1 and 2 loader
+threads), and a dataset read from one TFRecord file; first without kdist's
+input fixes (the upstream behaviour), then with them.
+
+    kdist launch --workers 2 -- python inputs_job.py OUT     writes OUT/<task>.json
+"""
+
+import json
+import os
+import sys
+
+import kdist
+import keras
+import numpy as np
+import tensorflow as tf
+from kdist.keras_seam import patches
+
+out = sys.argv[1]
+spec = kdist.cluster()
+FIXES = ("consistent_pydataset_order", "data_sharding_for_few_files")
+kdist.strategy()  # installs kdist's fixes
+seen: list = []
+
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 8
+
+    def __getitem__(self, index):
+        rows = np.arange(index * 16, (index + 1) * 16, dtype="float32").reshape(16, 1)
+        return rows, rows
+
+
+class Seen(keras.layers.Layer):
+    """Records the example ids this worker trains on."""
+
+    def call(self, x, training=None):
+        if training:
+            tf.py_function(lambda v: seen.extend(v.numpy().ravel().astype(int).tolist()) or 0.0,
+                           [x], tf.float32)
+        return x
+
+
+def trained(data, epochs=2, **fit_args):
+    """The example ids this worker trained on, per epoch, or the error fit raised."""
+    with kdist.scope():
+        model = keras.Sequential([keras.Input((1,)), Seen(), keras.layers.Dense(1)])
+        model.compile("sgd", "mse")
+    per_epoch = []
+    record = keras.callbacks.LambdaCallback(
+        on_epoch_begin=lambda *_: seen.clear(), on_epoch_end=lambda *_: per_epoch.append(seen[:]))
+    try:
+        model.fit(data, epochs=epochs, verbose=0, callbacks=[record], **fit_args)
+    except Exception as error:  # the outcome under test
+        return f"{type(error).__name__}: {error}"[:600]
+    return per_epoch
+
+
+def records(path):
+    if spec.is_chief:
+        with tf.io.TFRecordWriter(path) as writer:
+            for i in range(64):
+                feature = tf.train.Feature(float_list=tf.train.FloatList(value=[float(i)]))
+                writer.write(tf.train.Example(features=tf.train.Features(
+                    feature={"x": feature})).SerializeToString())
+    kdist.barrier()
+
+    def parse(record):
+        x = tf.io.parse_single_example(record, {"x": tf.io.FixedLenFeature([1], tf.float32)})["x"]
+        return x, x
+
+    return tf.data.TFRecordDataset(path).map(parse).batch(16)
+
+
+def file_policy(dataset):
+    options = tf.data.Options()
+    options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
+    return dataset.with_options(options)
+
+
+def save():
+    with open(os.path.join(out, f"{spec.task_type}{spec.task_index}.json"), "w") as f:
+        json.dump(report, f)
+
+
+report: dict = {}
+report["pydataset_1"] = trained(Batches(workers=1), shuffle=True)
+report["pydataset_2"] = trained(Batches(workers=2), shuffle=True)
+report["tfrecord"] = trained(records(os.path.join(out, "one.tfrecord")))
+report["tfrecord_file_policy"] = trained(file_policy(records(os.path.join(out, "file.tfrecord"))))
+# Upstream (kdist's fixes removed), last: a failed first batch leaves the workers' collectives out
+# of step, so nothing collective follows it.
+for name in FIXES:
+    patches.patch(name).uninstall()
+report["upstream_pydataset_2"] = trained(Batches(workers=2), shuffle=True)
+save()
+report["upstream_tfrecord"] = trained(records(os.path.join(out, "upstream.tfrecord")), epochs=1)
+save()
+os._exit(0)  # TensorFlow's runtime may still wait on the aborted collective
