@@ -56,3 +56,8 @@ def current():
 
     strategy = global_state.get(CURRENT)
     return strategy if strategy is not None else tf.distribute.get_strategy()
+
+
+def current_built():
+    """The strategy `kdist.scope()`/`kdist.strategy()` entered last; None before any."""
+    return global_state.get(CURRENT)

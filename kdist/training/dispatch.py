@@ -29,7 +29,8 @@ from kdist.exchange.phases import PhaseCallback
 from kdist.keras_seam import keras_internals, versions
 from kdist.ps import training as ps_training
 from kdist.steps import reading
-from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
+from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server, registry
+from kdist.training import agreement
 
 logger = logging.getLogger("kdist")
 
@@ -48,6 +49,7 @@ def dispatch(name: str, original, arguments):
         arguments.arguments["verbose"] = 0
     state = states.of(model)
     if name == "fit":
+        agreement.refuse_model_outside(strategy, registry.current_built())
         if strategy is not None and model.jit_compile is True:
             _check_xla(strategy)
         if strategy is not None and model.steps_per_execution > 1:
@@ -60,6 +62,9 @@ def dispatch(name: str, original, arguments):
         if exchange is not None and exchange.has_phases:
             added.append(PhaseCallback(exchange))
         options = state.options or TrainingOptions()
+        if is_multi_worker(strategy):
+            agreement.check(model, spec, _workers(spec), arguments.arguments, options,
+                            timeout=registry.options_of(strategy).dead_peer_timeout)
         if strategy is not None and options.check_replicas != "off" and \
                 replicas.compares(strategy):
             added.append(replicas.ReplicaCheck(options.check_replicas))
@@ -80,6 +85,10 @@ def dispatch(name: str, original, arguments):
             state.fit_input = None  # no reference to the user's arrays after fit
 
 
+def _workers(spec) -> list[str]:
+    return [f"{t}:{i}" for t, i in spec.tasks() if t in ("chief", "worker")]
+
+
 def _check_xla(strategy) -> None:
     """XLA cannot compile the collectives of a multi-replica step on CPU devices (TF 2.21:
     "Collectives are not yet implemented for CPU devices when compiling with XLA", b/194942685),
@@ -98,8 +107,7 @@ def _step_watch(model, spec, options):
     if model.jit_compile is not True:
         keras_internals.wrap_train_step(model, _input_read)
     steps.clock.stamps()  # created here, at the same point on every worker
-    tasks = [f"{t}:{i}" for t, i in spec.tasks() if t in ("chief", "worker")]
-    return steps.StepWatch(spec.task, tasks, options.hang_timeout, options.hang_action,
+    return steps.StepWatch(spec.task, _workers(spec), options.hang_timeout, options.hang_action,
                            multi_worker=True)
 
 

@@ -1,0 +1,47 @@
+"""A user's own mistakes under MultiWorkerMirrored (kdist.training.agreement), with 2 real
+workers: a model created outside kdist.scope() is refused instead of training alone on each
+worker, and workers that would train different things are told which and where before any step
+(instead of TensorFlow's mismatched collectives, or a wait until the timeout)."""
+
+import sys
+
+import pytest
+
+from conftest import run_kdist
+from kdist.training import agreement
+
+
+def launch(mode):
+    return run_kdist(["launch", "--workers", "2", "--timeout", "120", "--", sys.executable,
+                      "tests/programs/mistakes_job.py", mode], timeout=150)
+
+
+def headline(result) -> str:
+    return next(line for line in result.stdout.splitlines() if "first failure:" in line)
+
+
+def test_a_model_created_outside_the_scope_is_refused_with_the_fix():
+    result = launch("outside")
+    assert result.returncode == 1, result.stdout[-3000:]
+    line = headline(result)
+    assert "this model was created outside kdist.scope()" in line and \
+        "2 separate models" in line and "inside `with kdist.scope():`" in line, line
+
+
+@pytest.mark.parametrize("mode,words", [
+    ("batch_size", "batch_size is 16 on worker:0 and 32 on worker:1"),
+    ("width", "model layers[0].config.units is 8 on worker:0 and 16 on worker:1"),
+])
+def test_workers_that_differ_are_named_before_any_step(mode, words):
+    result = launch(mode)
+    assert result.returncode == 1, result.stdout[-3000:]
+    line = headline(result)
+    assert words in line, line
+    assert "Fix: run the same program with the same arguments" in line
+
+
+def test_agreeing_facts_show_no_difference():
+    facts = {"variables": [["d/kernel", [4, 8], "float32"]], "batch_size": 16, "rows": 64}
+    assert agreement.first_difference(facts, dict(facts)) is None
+    assert agreement.first_difference(facts, {**facts, "variables": []}) == \
+        ("variable d/kernel", "shape (4, 8) float32", "absent")
