@@ -62,7 +62,7 @@ def test_an_explicit_file_policy_with_too_few_files_is_refused_with_the_fix(job)
 
 def test_upstream_keras_and_tensorflow_still_need_the_fixes(job):
     """Without consistent_pydataset_order the workers shuffle differently (examples trained
-    twice); without data_sharding_for_few_files fit fails at its first batch (the worker that
+    twice); without tf_data_under_multi_worker fit fails at its first batch (the worker that
 reads no file says why; its peer loses it). When these pass
     upstream, give the fixes their fixed_in."""
     duplicated = [len(epoch) - len(set(epoch)) for epoch in epochs(job, "upstream_pydataset_2")]

@@ -83,8 +83,9 @@ def _scalar_reduce(original):
 # ----------------------------------------------------------------------------------------------
 # 3. fit's input under MultiWorkerMirrored (`kdist.keras_seam.inputs`): in-memory arrays shuffled
 #    by one seed on every worker (Keras <= 3.15 shuffles each worker's differently), a PyDataset's
-#    batches loaded in one order on every worker, and a dataset of fewer files than workers
-#    sharded by DATA where FILE sharding would fail.
+#    batches loaded in one order on every worker, a dataset of fewer files than workers sharded
+#    by DATA where FILE sharding would fail, and one iterator across epochs where an epoch's
+#    batches are counted.
 def _consistent_array_shuffle(original):
     @functools.wraps(original)
     def __init__(self, distribute_strategy=None, *args, **kwargs):
@@ -121,7 +122,7 @@ def _consistent_pydataset_order(original):
     return __init__
 
 
-def _data_sharding_for_few_files(original):
+def _tf_data_under_multi_worker(original):
     @functools.wraps(original)
     def __init__(self, distribute_strategy=None, *args, **kwargs):
         from kdist.keras_seam import classes, tf_internals
@@ -130,10 +131,15 @@ def _data_sharding_for_few_files(original):
         adapter = self.data_adapter
         if (isinstance(adapter, classes.resolve("TFDatasetAdapter"))
                 and is_multi_worker(distribute_strategy)):
+            dataset = adapter.get_tf_dataset()
             resharded = inputs.file_sharding(
-                adapter.get_tf_dataset(), tf_internals.num_workers(distribute_strategy),
+                dataset, tf_internals.num_workers(distribute_strategy),
                 say=connected().cluster_of(distribute_strategy).is_chief)
-            if resharded is not None:
+            continuing = inputs.continuing_epochs(resharded or dataset, self.steps_per_epoch)
+            if continuing is not None:
+                self._distributed_dataset = inputs.Continuing(
+                    distribute_strategy.experimental_distribute_dataset(continuing))
+            elif resharded is not None:
                 self._distributed_dataset = \
                     distribute_strategy.experimental_distribute_dataset(resharded)
 
@@ -337,11 +343,12 @@ FIXES = [
           why="fit(PyDataset, shuffle=True) under MultiWorkerMirrored: each worker shuffles the "
               "batch order with its own unseeded random, so some examples train twice per "
               "epoch and others never"),
-    Patch("data_sharding_for_few_files", FIX,
-          {Target("TFEpochIterator", "__init__"): _data_sharding_for_few_files},
+    Patch("tf_data_under_multi_worker", FIX,
+          {Target("TFEpochIterator", "__init__"): _tf_data_under_multi_worker},
           upstream="none filed; TensorFlow's AUTO policy raises instead of falling back to DATA",
           why="a dataset read from fewer files than workers fails at its first batch under "
-              "MultiWorkerMirrored: 'Could not apply FILE based sharding'"),
+              "MultiWorkerMirrored ('Could not apply FILE based sharding'), and each epoch's "
+              "new iterator waits up to a second (the sharding rewrite of its graph)"),
     Patch("atomic_assign_under_parameter_server", FIX,
           {Target("Variable", name): _atomic(name) for name in ("assign_add", "assign_sub")},
           upstream="none filed; see kdist/keras_seam/fixes.py",

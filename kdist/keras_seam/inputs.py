@@ -21,7 +21,9 @@ by FILE, and makes two new iterators per epoch. Three inputs go wrong there:
 3. **One file, more workers**: a dataset read from fewer files than workers fails at its first
    batch with TensorFlow's "Could not apply FILE based sharding" under the default AUTO policy.
    kdist shards it by DATA instead and says so in one line (`file_sharding`); an explicit FILE
-   policy is refused with the fix.
+   policy is refused with the fix. And a tf.data dataset of a known number of batches is
+   iterated by one iterator across epochs (`continuing_epochs`): a new one per epoch costs up
+   to a second under MultiWorkerMirrored (the sharding rewrite of its graph).
 """
 
 from __future__ import annotations
@@ -125,6 +127,18 @@ class Continuing:
 
     def __getattr__(self, name):
         return getattr(self.dataset, name)
+
+
+def continuing_epochs(dataset, steps_per_epoch):
+    """`dataset` repeated, for one iterator across epochs (`Continuing`), where each epoch is
+    known to be its `cardinality` batches (Keras counts them; no `steps_per_epoch`); None
+    where an epoch ends only when the data does. Each repetition is a new pass, reshuffled as a
+    new iterator's would be."""
+    import tensorflow as tf
+
+    if steps_per_epoch or int(dataset.cardinality()) < 0:  # INFINITE or UNKNOWN
+        return None
+    return dataset.repeat().prefetch(tf.data.AUTOTUNE)
 
 
 # ------------------------------------------------------------------ 2. PyDataset

@@ -18,7 +18,7 @@ from kdist.keras_seam import patches
 
 out = sys.argv[1]
 spec = kdist.cluster()
-FIXES = ("consistent_pydataset_order", "data_sharding_for_few_files")
+FIXES = ("consistent_pydataset_order", "tf_data_under_multi_worker")
 kdist.strategy()  # installs kdist's fixes
 seen: list = []
 
