@@ -5,6 +5,7 @@ the chief trains (killing worker 1 mid-fit), the others serve and exit by themse
 """
 
 import json
+import re
 import sys
 
 import numpy as np
@@ -17,16 +18,16 @@ pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.
 FAST_EXIT = {"KDIST_CHIEF_GRACE": "2"}  # servers leave 2 s after the chief is gone
 
 
-def launch_ps_job(out, mode, extra=()):
+def launch_ps_job(out, mode, extra=(), env=FAST_EXIT):
     return run_kdist(["launch", "--spec", "cluster_specs/local-ps.json", "--timeout", "240", *extra,
                       "--", sys.executable, "tests/programs/ps_job.py", str(out), mode], timeout=270,
-                     env=FAST_EXIT)
+                     env=env)
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     out = tmp_path_factory.mktemp("ps")
-    result = launch_ps_job(out, "train")
+    result = launch_ps_job(out, "train", env={})  # the default chief grace (10 s)
     assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
     return {"report": json.load(open(out / "train.json")), "stdout": result.stdout, "out": out}
 
@@ -136,6 +137,15 @@ def test_every_server_exits_by_itself_after_the_chief(trained):
     for task in ("worker:0", "ps:0", "ps:1"):
         assert f"the chief finished; task {task} exits" in trained["stdout"]
     assert "grace period over" not in trained["stdout"]
+
+
+def test_the_job_ends_within_two_seconds_of_the_chief(trained):
+    """kdist launch tells the servers the chief succeeded (kdist.ps.serve.CHIEF_DONE_SIGNAL):
+    they leave at once, not after the chief grace (10 s by default) without the chief."""
+    ended = {name: float(at) for name, at in re.findall(
+        r"\[kdist\]   (\S+): succeeded at ([\d.]+) s", trained["stdout"])}
+    assert {"chief-0", "ps-0", "ps-1", "worker-0"} <= set(ended), trained["stdout"][-3000:]
+    assert max(ended.values()) - ended["chief-0"] < 2.0, ended
 
 
 @pytest.fixture(scope="module")

@@ -90,6 +90,7 @@ from kdist.validators import UsageError
 RESTART_ENV = "KDIST_RESTART_COUNT"
 SECRET_ENV = "KDIST_JOB_SECRET"  # kdist.exchange.comm.SECRET_ENV (no TensorFlow import here)
 WORLD_SIZE_CHANGE_ENV = "KDIST_WORLD_SIZE_CHANGE"
+CHIEF_DONE_SIGNAL = signal.SIGUSR2  # kdist.ps.serve.CHIEF_DONE_SIGNAL (no TensorFlow import here)
 
 
 class State(enum.Enum):
@@ -334,6 +335,7 @@ class Launcher:
                 finish_by = time.monotonic() + self.grace
                 self.log(f"{leader.name} succeeded; waiting up to {self.grace:g}s for the other "
                          "tasks to finish")
+                self._servers_done()
             if self.state is State.FINISHING:
                 self._report_late_failures()
                 running = [t for t in self.tasks if t.poll() is None]
@@ -344,6 +346,19 @@ class Launcher:
                                                          f"{self.grace:g} s before")
                     return Outcome(State.SUCCEEDED, exit_codes.OK, leader.name)
             time.sleep(0.1)
+
+    def _servers_done(self) -> None:
+        """The chief of parameter-server training succeeded: its ps and worker tasks, which only
+        serve it, are told to leave now (`kdist.serve()`), not after its grace without the
+        chief."""
+        if not self.spec.has_ps:
+            return
+        for task in self.tasks:
+            if task.task_type in ("ps", "worker") and task.poll() is None:
+                try:
+                    os.kill(task.process.pid, CHIEF_DONE_SIGNAL)
+                except ProcessLookupError:
+                    pass
 
     def _report_late_failures(self) -> None:
         """A task failing after the leader succeeded does not fail the job, but is logged."""

@@ -4,7 +4,8 @@ In parameter-server training only the chief runs the user's training loop; ps ta
 and worker tasks execute the steps the chief schedules. Their TensorFlow servers never exit on their
 own (the classic stuck job, kubeflow/trainer#774). `serve()` runs the server and watches the
 chief's gRPC port: once the chief has been up and then stays unreachable for `chief_grace` seconds,
-the process exits with code 0. `kdist.scope()` calls it on ps and worker tasks, so every task can run
+the process exits with code 0; under `kdist launch`, at once when the launcher sees the chief
+succeed (`CHIEF_DONE_SIGNAL`). `kdist.scope()` calls it on ps and worker tasks, so every task can run
 the same script.
 
 >>> import kdist
@@ -17,7 +18,9 @@ from __future__ import annotations
 import logging
 import math
 import os
+import signal
 import sys
+import threading
 import time
 
 from kdist import startup
@@ -28,6 +31,9 @@ logger = logging.getLogger("kdist")
 
 CHIEF_GRACE_ENV = "KDIST_CHIEF_GRACE"  # seconds the chief may be unreachable before servers exit
 CHIEF_START_ENV = "KDIST_CHIEF_START_TIMEOUT"  # seconds servers wait for the chief to come up
+# `kdist launch` sends it once the chief has succeeded (kdist.launch.launcher: CHIEF_DONE_SIGNAL):
+# the servers leave at once instead of after `chief_grace` seconds without the chief.
+CHIEF_DONE_SIGNAL = signal.SIGUSR2
 # (default: KDIST_STARTUP_TIMEOUT, every task's start-up deadline, `kdist.startup`)
 
 
@@ -48,13 +54,15 @@ def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
     server = tf.distribute.Server(spec.resolver().cluster_spec(), job_name=spec.task_type,
                                   task_index=spec.task_index, protocol=spec.rpc_layer, start=True)
     chief = spec.address("chief", 0)
+    done = threading.Event()
+    signal.signal(CHIEF_DONE_SIGNAL, lambda *_: done.set())
     logger.info("kdist: task %s serving at %s until the chief (%s) finishes", spec.task,
                 server.target, chief)
     try:
         startup.wait_for_peers(spec, chief_start_timeout, roles=("chief",), what="the chief",
                                hold_own_port=False, deadline_from=CHIEF_START_ENV
                                if os.environ.get(CHIEF_START_ENV) else startup.STARTUP_TIMEOUT_ENV)
-        wait_for_chief_to_end(chief, chief_grace, poll)
+        wait_for_chief_to_end(chief, chief_grace, poll, done)
         code = 0
         logger.info("kdist: the chief finished; task %s exits", spec.task)
     except startup.PeersMissing as missing:
@@ -64,11 +72,13 @@ def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
     os._exit(code)  # TF's server threads never join: leave without waiting for them
 
 
-def wait_for_chief_to_end(address: str, grace: float, poll: float = 1.0) -> None:
-    """Blocks until the chief at `address`, up now, has been unreachable for `grace` seconds."""
+def wait_for_chief_to_end(address: str, grace: float, poll: float = 1.0,
+                          done: threading.Event | None = None) -> None:
+    """Blocks until the chief at `address`, up now, has been unreachable for `grace` seconds, or
+    until `done` is set (the launcher saw the chief succeed)."""
+    done = done or threading.Event()
     last_seen = time.monotonic()
-    while time.monotonic() - last_seen < grace:
-        time.sleep(poll)
+    while time.monotonic() - last_seen < grace and not done.wait(poll):
         if startup.probe(address) is None:
             last_seen = time.monotonic()
 
