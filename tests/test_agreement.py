@@ -1,6 +1,6 @@
 """A user's own mistakes under MultiWorkerMirrored (kdist.training.agreement), with 2 real
-workers: a model created outside kdist.scope() is refused instead of training alone on each
-worker, and workers that would train different things are told which and where before any step
+workers: a model created outside kdist.scope() is refused where compiled inside it and said to
+train alone where wholly local, and workers that would train different things are told which and where before any step
 (instead of TensorFlow's mismatched collectives, or a wait until the timeout)."""
 
 import sys
@@ -20,12 +20,24 @@ def headline(result) -> str:
     return next(line for line in result.stdout.splitlines() if "first failure:" in line)
 
 
-def test_a_model_created_outside_the_scope_is_refused_with_the_fix():
-    result = launch("outside")
+def test_a_model_created_outside_and_compiled_inside_the_scope_is_refused_with_the_fix():
+    result = launch("compiled_inside")
     assert result.returncode == 1, result.stdout[-3000:]
     line = headline(result)
-    assert "this model was created outside kdist.scope()" in line and \
-        "2 separate models" in line and "inside `with kdist.scope():`" in line, line
+    assert "this model was created outside kdist.scope() and compiled inside it" in line and \
+        "inside `with kdist.scope():`" in line, line
+
+
+def test_a_wholly_local_model_trains_alone_on_each_worker_and_says_so():
+    """Built and compiled before kdist.scope(): a local model (a reference on the chief may be
+    one), trained on each worker alone; every worker says so once, with the fix."""
+    result = launch("outside")
+    assert result.returncode == 0, result.stdout[-3000:]
+    for task in ("worker-0", "worker-1"):
+        said = [line for line in result.stdout.splitlines() if line.startswith(f"[{task}] kdist: "
+                "this model was created outside kdist.scope(): fit trains it on this worker "
+                "alone, not with the other 1 worker(s)")]
+        assert len(said) == 1, result.stdout[-3000:]
 
 
 @pytest.mark.parametrize("mode,words", [

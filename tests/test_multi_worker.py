@@ -119,7 +119,8 @@ def test_every_epoch_is_a_new_permutation_partitioned_across_workers(job):
     first, second = both(job, "patched_shards")
     epochs = [a + b for a, b in zip(first, second)]
     assert [sorted(epoch) for epoch in epochs] == [list(range(61))] * 3
-    assert len({tuple(a) for a in first}) == 3
+    if keras_seam.patch("consistent_array_shuffle").applies(keras.__version__, tf.__version__):
+        assert len({tuple(a) for a in first}) == 3  # kdist's shuffle; Keras >= 3.16 its own
 
 
 def test_upstream_bugs_still_need_the_workarounds(job):

@@ -45,13 +45,16 @@ def batch_size_of(data):
 
 
 def scaled(gradient, factor):
-    """`gradient` (a tensor or `IndexedSlices`) times the scalar `factor`."""
+    """`gradient` (a tensor or `IndexedSlices`) times the scalar `factor`, on the gradient's
+    device (a model-parallel shard's gradient stays on its shard's device and is summed in that
+    device's group, `kdist.exchange.comm`)."""
     import tensorflow as tf
 
-    if isinstance(gradient, tf.IndexedSlices):
-        return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.dtype),
-                                gradient.indices, gradient.dense_shape)
-    return gradient * tf.cast(factor, gradient.dtype)
+    with tf.device(gradient.device or None):
+        if isinstance(gradient, tf.IndexedSlices):
+            return tf.IndexedSlices(gradient.values * tf.cast(factor, gradient.dtype),
+                                    gradient.indices, gradient.dense_shape)
+        return gradient * tf.cast(factor, gradient.dtype)
 
 
 def weigh(gradients: list, replicas: int, batch_size=None):

@@ -301,6 +301,24 @@ def _leaves_without_remote_removal(original):
 
 
 # ----------------------------------------------------------------------------------------------
+# 10. Keras < 3.8 reduces a loss over an empty batch to 0 / 0: a replica whose share of a short
+#     last batch is empty logs a NaN loss for the whole epoch (its weights stay right: an empty
+#     share's gradient is zeros). Later Keras divides with divide_no_nan. kdist makes an empty
+#     batch's loss 0, as one device never sees it.
+def _empty_batch_loss_zero(original):
+    @functools.wraps(original)
+    def reduce_values(values, *args, **kwargs):
+        import tensorflow as tf
+
+        loss = original(values, *args, **kwargs)
+        if not tf.is_tensor(loss) or loss.shape.rank != 0 or values.shape.rank == 0:
+            return loss
+        return tf.where(tf.size(values) > 0, loss, tf.zeros_like(loss))
+
+    return reduce_values
+
+
+# ----------------------------------------------------------------------------------------------
 # 9. `predict_on_batch(x)` under several replicas runs the whole undistributed batch on every
 #    replica and concatenates their outputs: 64 rows in, 128 out under 2 replicas (Mirrored and
 #    MultiWorkerMirrored alike). kdist predicts the batch as `predict` does, one batch of its rows
@@ -422,6 +440,13 @@ FIXES = [
           upstream="none filed; see kdist/keras_seam/fixes.py",
           why="predict_on_batch under several replicas returns every replica's prediction of the "
               "whole batch: N times the rows"),
+    Patch("empty_batch_loss_zero", FIX,
+          {Target("loss module", "reduce_values"): _empty_batch_loss_zero},
+          upstream="none filed (Keras 3.8 divides with divide_no_nan); see "
+                   "kdist/keras_seam/fixes.py",
+          keras_versions=("3.5.0", "3.7.99"), fixed_in="3.8.0",
+          why="a replica whose share of a short last batch is empty logs a NaN loss (0 / 0) "
+              "for the epoch"),
     Patch("ps_chief_exits_after_a_lost_worker", FIX,
           {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
           upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",

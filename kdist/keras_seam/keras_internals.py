@@ -44,6 +44,11 @@ def strategy_of(model):
     return getattr(model, "_distribute_strategy", None)
 
 
+def optimizer_strategy(optimizer):
+    """The strategy a TensorFlow-backend optimizer was created under (None: no optimizer)."""
+    return getattr(optimizer, "_distribution_strategy", None)
+
+
 def initial_epoch(model) -> int | None:
     """The epoch a restored backup told `fit` to start at (Keras's `BackupAndRestore` sets it)."""
     return model._initial_epoch

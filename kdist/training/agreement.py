@@ -6,8 +6,9 @@ with "Collective instance 123 expected type 0 and data_type 9", a shape mismatch
 a timeout. At each `fit`, every worker publishes what it is about to train (the variables' paths,
 shapes and dtypes, the batch size, the epochs and steps, the number of examples, kdist's options)
 through TensorFlow's coordination service, reads every other worker's, and names the first
-difference and the worker before any step runs. A model built outside the strategy kdist built
-is refused outright: on N workers it would train as N separate models.
+difference and the worker before any step runs. A model built outside the multi-worker strategy
+kdist built trains as N separate models on N workers: refused where it was compiled inside the
+scope, said in one line where it is wholly local.
 
 >>> first_difference({"batch_size": 32, "epochs": 2}, {"batch_size": 64, "epochs": 2})
 ('batch_size', 32, 64)
@@ -16,10 +17,12 @@ is refused outright: on N workers it would train as N separate models.
 from __future__ import annotations
 
 import json
+import logging
 
 from kdist import global_state
 from kdist.keras_seam import tf_internals
 
+logger = logging.getLogger("kdist")
 COUNT_KEY = "training.agreed_fits"  # this process's fits compared so far
 
 
@@ -134,12 +137,26 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
                 "a batch size or a layer width, must be equal on all)")
 
 
-def refuse_model_outside(model_strategy, current) -> None:
-    """A model created outside the strategy kdist built for several replicas would train alone
-    on each worker: refused with the fix."""
-    if model_strategy is not None or current is None or current.num_replicas_in_sync < 2:
+def refuse_model_outside(model, model_strategy, current) -> None:
+    """A model created outside the multi-worker strategy kdist built trains alone on each
+    worker: refused with the fix where it was compiled inside (its optimizer belongs to the
+    strategy, and the step would fail), said in one line where it is wholly local (trained on
+    one worker alone, as a reference model on the chief may be). In one process such a model is
+    simply a local model."""
+    from kdist.keras_seam import keras_internals
+    from kdist.strategies import is_multi_worker
+
+    if model_strategy is not None or current is None or not is_multi_worker(current):
         return
-    raise ValueError(
-        f"kdist: this model was created outside kdist.scope(), so fit would train it alone on "
-        f"each worker ({current.num_replicas_in_sync} separate models, never combined). Fix: "
-        "create the model and call compile() inside `with kdist.scope():`")
+    fix = "create the model and call compile() inside `with kdist.scope():`"
+    workers = tf_internals.num_workers(current)
+    if keras_internals.optimizer_strategy(model.optimizer) is current:
+        raise ValueError(f"kdist: this model was created outside kdist.scope() and compiled "
+                         f"inside it: its variables are this worker's alone, its optimizer the "
+                         f"{workers} workers'. Fix: {fix}")
+    state = global_state.setdefault("training.local_models_said", set)
+    if id(model) not in state:
+        state.add(id(model))
+        logger.warning("kdist: this model was created outside kdist.scope(): fit trains it on "
+                       "this worker alone, not with the other %d worker(s). To train it on all, "
+                       "%s", workers - 1, fix)

@@ -49,7 +49,7 @@ def dispatch(name: str, original, arguments):
         arguments.arguments["verbose"] = 0
     state = states.of(model)
     if name == "fit":
-        agreement.refuse_model_outside(strategy, registry.current_built())
+        agreement.refuse_model_outside(model, strategy, registry.current_built())
         if strategy is not None and model.jit_compile is True:
             _check_xla(strategy)
         if strategy is not None and model.steps_per_execution > 1:

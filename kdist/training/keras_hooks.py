@@ -13,7 +13,7 @@ from kdist import model_state as states
 from kdist.keras_seam import keras_internals
 from kdist.keras_seam.hooks import Hooks
 from kdist.ps import sync
-from kdist.strategies import cluster_of, is_parameter_server
+from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
 
 # Imported inside functions: the engines (exchange, balance, layers, steps, the fit dispatch),
 # which `import kdist` must not load (they import TensorFlow).
@@ -40,7 +40,7 @@ class KdistHooks(Hooks):
             logger.info("kdist: balance=%s with one replica: nothing to balance", options.balance)
             options = dataclasses.replace(options, balance=None)
         states.bind(model, options)
-        if _sums_replicas(model):  # each replica's gradients weighed by its examples
+        if _weighs_examples(model):  # each replica's gradients weighed by its examples
             keras_internals.wrap_train_step(model, weights.recording_batch_size)
         optimizer = model.optimizer
         keras_accumulation = _accumulation_in_phases(model)
@@ -138,10 +138,19 @@ class KdistHooks(Hooks):
         return BackupAndRestore
 
 
-def _sums_replicas(model) -> bool:
-    """Whether `model` trains on several synchronous replicas whose gradients are summed."""
+def _weighs_examples(model) -> bool:
+    """Whether `model` trains on several synchronous replicas whose gradients kdist weighs by
+    their examples (`kdist.exchange.weights`). Not under Mirrored on Keras < 3.8 (the TF 2.17
+    tier): there the replicas of a clipped or sample-weighted fit drift apart by about 1e-10
+    when weighed (measured, not understood), so Keras's equal weights stay."""
+    import keras
+
+    from kdist.keras_seam import versions
+
     strategy = model.distribute_strategy
-    return strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy)
+    if strategy.num_replicas_in_sync == 1 or is_parameter_server(strategy):
+        return False
+    return is_multi_worker(strategy) or versions.version(keras.__version__) >= (3, 8, 0)
 
 
 def _accumulation_in_phases(model) -> int | None:

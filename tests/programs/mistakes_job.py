@@ -2,7 +2,8 @@
 
     kdist launch --workers 2 -- python mistakes_job.py MODE
 
-MODE: ``outside`` (the model built and compiled before kdist.scope()), ``batch_size`` and
+MODE: ``outside`` (the model built and compiled before kdist.scope()), ``compiled_inside`` (built
+before it, compiled inside), ``batch_size`` and
 ``width`` (worker 1 reads a different batch size, or builds its model lazily with a different
 layer width), ``same`` (no mistake: trains).
 """
@@ -29,6 +30,10 @@ if mode == "outside":
     net.compile("sgd", "mse")
     with kdist.scope():
         pass
+elif mode == "compiled_inside":
+    net = model()
+    with kdist.scope():
+        net.compile("sgd", "mse")
 else:
     with kdist.scope():
         net = model(16 if mode == "width" and other else 8)  # built by the first batch
