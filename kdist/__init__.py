@@ -7,18 +7,49 @@
 """
 
 import importlib as _importlib
+import importlib.abc as _importlib_abc
+import importlib.util as _importlib_util
 import logging as _logging
 import os as _os
 import sys as _sys
 
-from kdist import failure as _failure
-from kdist.cluster import ClusterSpec, ClusterSpecError, cluster
-from kdist.devices import split_cpu
-from kdist import scope as _scope_module
-from kdist.keras_seam import hooks as _hooks, versions as _versions
-from kdist.scope import current_strategy, scope, strategy
-from kdist.ps.serve import serve
-from kdist.training.keras_hooks import KdistHooks as _KdistHooks
+
+class _CloneStrategies(_importlib_abc.MetaPathFinder):
+    """`kdist.strategies` from a clone's own strategies/ folder, where a script runs next to the
+    sources (the clone's kdist/ then shadows the installed package, which holds strategies/
+    inside it; an editable install maps it itself)."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "kdist.strategies":
+            return None
+        return _importlib_util.spec_from_file_location(
+            name, _os.path.join(self.folder, "__init__.py"),
+            submodule_search_locations=[self.folder])
+
+
+def _strategies_of_a_clone() -> None:
+    here = _os.path.dirname(_os.path.abspath(__file__))
+    folder = _os.path.join(_os.path.dirname(here), "strategies")
+    if _os.path.isdir(_os.path.join(here, "strategies")) or \
+            not _os.path.isfile(_os.path.join(folder, "__init__.py")) or \
+            _importlib_util.find_spec("kdist.strategies") is not None:
+        return  # installed (or editable): kdist.strategies is found as it is
+    _sys.meta_path.append(_CloneStrategies(folder))
+
+
+_strategies_of_a_clone()
+
+from kdist import failure as _failure  # noqa: E402
+from kdist.cluster import ClusterSpec, ClusterSpecError, cluster  # noqa: E402
+from kdist.devices import split_cpu  # noqa: E402
+from kdist import scope as _scope_module  # noqa: E402
+from kdist.keras_seam import hooks as _hooks, versions as _versions  # noqa: E402
+from kdist.scope import current_strategy, scope, strategy  # noqa: E402
+from kdist.ps.serve import serve  # noqa: E402
+from kdist.training.keras_hooks import KdistHooks as _KdistHooks  # noqa: E402
 
 __version__ = "0.1.0"
 

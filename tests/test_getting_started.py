@@ -111,3 +111,25 @@ def test_every_kdist_variable_the_code_reads_is_documented():
     page = open(os.path.join(ROOT, "docs", "environment.md"), encoding="utf-8").read()
     assert len(names) >= 20
     assert sorted(n for n in names if f"`{n}`" not in page) == []
+
+
+def test_a_script_next_to_the_sources_imports_the_clones_kdist(tmp_path):
+    """A script saved in the clone's root, with kdist installed from the clone (not editable):
+    the clone's kdist/ shadows the installed package, whose strategies/ it lacks; kdist then
+    takes the clone's strategies/ folder. Emulated without reinstalling: site-packages on the
+    path but not its .pth files (which install the editable finder)."""
+    import site
+
+    script = os.path.join(ROOT, f"next_to_the_sources_{os.getpid()}.py")
+    with open(script, "w") as f:
+        f.write("import kdist\nprint(kdist.strategies.__file__, kdist.strategies.registry.__name__)\n")
+    try:
+        result = subprocess.run([sys.executable, "-S", os.path.basename(script)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=scaled(60),
+                                env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                    site.getsitepackages())})
+    finally:
+        os.remove(script)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.split() == [os.path.join(ROOT, "strategies", "__init__.py"),
+                                     "kdist.strategies.registry"]
