@@ -216,6 +216,7 @@ def test_kdist_adds_no_op_to_the_traced_train_step(job):
         kdist_ops, by_hand = collections.Counter(ops["kdist"]), collections.Counter(ops["by_hand"])
         added, removed = kdist_ops - by_hand, by_hand - kdist_ops
         weighing = {"Mul", "Cast", "Shape", "StridedSlice", "DivNoNan"}
+        weighing |= {"Size", "Greater", "SelectV2"}  # Keras < 3.8: an empty batch's loss is 0
         assert set(added) <= {"PyFunc", "Pack", "Unpack", "RealDiv"} | weighing, added
         # per graph that holds the step (one or two): the gradients' PyFunc, and the logs' where
         # they are reduced in the same graph as the gradients (else one packed TF all-reduce)

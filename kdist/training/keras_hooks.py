@@ -40,7 +40,8 @@ class KdistHooks(Hooks):
             logger.info("kdist: balance=%s with one replica: nothing to balance", options.balance)
             options = dataclasses.replace(options, balance=None)
         states.bind(model, options)
-        if _weighs_examples(model):  # each replica's gradients weighed by its examples
+        if _weighs_examples(model) or (options.balance is not None and _sums_replicas(model)):
+            # each replica's gradients weighed by its examples (balance: always)
             keras_internals.wrap_train_step(model, weights.recording_batch_size)
         optimizer = model.optimizer
         keras_accumulation = _accumulation_in_phases(model)
@@ -138,6 +139,11 @@ class KdistHooks(Hooks):
         return BackupAndRestore
 
 
+def _sums_replicas(model) -> bool:
+    strategy = model.distribute_strategy
+    return strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy)
+
+
 def _weighs_examples(model) -> bool:
     """Whether `model` trains on several synchronous replicas whose gradients kdist weighs by
     their examples (`kdist.exchange.weights`). Not under Mirrored on Keras < 3.8 (the TF 2.17
@@ -147,10 +153,10 @@ def _weighs_examples(model) -> bool:
 
     from kdist.keras_seam import versions
 
-    strategy = model.distribute_strategy
-    if strategy.num_replicas_in_sync == 1 or is_parameter_server(strategy):
+    if not _sums_replicas(model):
         return False
-    return is_multi_worker(strategy) or versions.version(keras.__version__) >= (3, 8, 0)
+    return is_multi_worker(model.distribute_strategy) or \
+        versions.version(keras.__version__) >= (3, 8, 0)
 
 
 def _accumulation_in_phases(model) -> int | None:
