@@ -216,10 +216,18 @@ def launch(contender, kind, workers, folder) -> dict:
     command = [sys.executable, os.path.abspath(__file__), "--worker", "--contender", contender,
                "--input", kind, "--out", out]
     env = {"KDIST_EAGER_MULTI_WORKER": "0"}  # tf_keras and torch: no kdist strategy
-    started = time.perf_counter()
-    report = measure.local_job(command, workers, out, f"fit_wall: {contender} {kind}",
-                               env={**os.environ, **env})
-    return {**report, "process_wall": time.perf_counter() - started}
+    for attempt in (1, 2):  # gloo's rendezvous aborted once in about 20 DDP starts here
+        started = time.perf_counter()
+        try:
+            report = measure.local_job(command, workers, out, f"fit_wall: {contender} {kind}",
+                                       env={**os.environ, **env})
+        except SystemExit:
+            if attempt == 2:
+                raise
+            print(f"fit_wall: {contender} {kind} on {workers} failed; trying once more",
+                  file=sys.stderr)
+            continue
+        return {**report, "process_wall": time.perf_counter() - started, "attempts": attempt}
 
 
 def runs_of(args) -> list[tuple[str, str, int]]:
