@@ -112,7 +112,8 @@ def _consistent_pydataset_order(original):
         adapter = self.data_adapter
         if (isinstance(adapter, classes.resolve("PyDatasetAdapter"))
                 and adapter.py_dataset.num_batches is not None
-                and is_multi_worker(distribute_strategy)):
+                and distribute_strategy.num_replicas_in_sync > 1
+                and not is_parameter_server(distribute_strategy)):
             adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
             seed = inputs.shared_seed(connected().cluster_of(distribute_strategy))
             epochs = inputs.EpochCount(adapter)
@@ -358,9 +359,10 @@ FIXES = [
     Patch("consistent_pydataset_order", FIX,
           {Target("TFEpochIterator", "__init__"): _consistent_pydataset_order},
           upstream="none filed; see kdist/keras_seam/inputs.py",
-          why="fit(PyDataset, shuffle=True) under MultiWorkerMirrored: each worker shuffles the "
-              "batch order with its own unseeded random, so some examples train twice per "
-              "epoch and others never"),
+          why="fit(PyDataset) under several replicas: each worker shuffles the batch order with "
+              "its own unseeded random, and the iterator Keras makes at each epoch's end "
+              "competes for the loader's batches, so some examples train twice per epoch and "
+              "others never (MultiWorkerMirrored; Mirrored on a loaded machine)"),
     Patch("tf_data_under_multi_worker", FIX,
           {Target("TFEpochIterator", "__init__"): _tf_data_under_multi_worker},
           upstream="none filed; TensorFlow's AUTO policy raises instead of falling back to DATA",

@@ -15,9 +15,11 @@ by FILE, and makes two new iterators per epoch. Three inputs go wrong there:
    (`array_shares`), from one iterator that continues across epochs (`Continuing`).
 2. **`keras.utils.PyDataset`** with `shuffle=True` (fit's default): each worker shuffles the batch
    order with Python's unseeded `random`, so again the workers' shares of a step come from
-   different batches (64 of 128 examples trained twice, measured). kdist loads the batches in
-   one seeded order on every worker, with the dataset's own `workers` threads, in order
-   (`pydataset_shares`).
+   different batches (64 of 128 examples trained twice, measured). And under Mirrored too, on a
+   loaded machine, an epoch trained on other batches than one device's (the iterator Keras makes
+   at an epoch's end shares the loader with the next one's). kdist loads the batches in one
+   seeded order on every worker, with the dataset's own `workers` threads, in order, each
+   iterator its own loader (`pydataset_shares`), under every strategy of several replicas.
 3. **One file, more workers**: a dataset read from fewer files than workers fails at its first
    batch with TensorFlow's "Could not apply FILE based sharding" under the default AUTO policy.
    kdist shards it by DATA instead and says so in one line (`file_sharding`); an explicit FILE
