@@ -123,6 +123,13 @@ def _consistent_pydataset_order(original):
     return __init__
 
 
+def is_tf_data(dataset) -> bool:
+    """A tf.data dataset (not one the user distributed already)."""
+    import tensorflow as tf
+
+    return isinstance(dataset, tf.data.Dataset)
+
+
 def _tf_data_under_multi_worker(original):
     @functools.wraps(original)
     def __init__(self, distribute_strategy=None, *args, **kwargs):
@@ -130,9 +137,9 @@ def _tf_data_under_multi_worker(original):
 
         original(self, distribute_strategy, *args, **kwargs)
         adapter = self.data_adapter
-        if (isinstance(adapter, classes.resolve("TFDatasetAdapter"))
-                and is_multi_worker(distribute_strategy)):
-            dataset = adapter.get_tf_dataset()
+        dataset = adapter.get_tf_dataset() if isinstance(
+            adapter, classes.resolve("TFDatasetAdapter")) else None
+        if is_tf_data(dataset) and is_multi_worker(distribute_strategy):
             resharded = inputs.file_sharding(
                 dataset, tf_internals.num_workers(distribute_strategy),
                 say=connected().cluster_of(distribute_strategy).is_chief)
