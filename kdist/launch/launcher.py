@@ -349,12 +349,14 @@ class Launcher:
 
     def _servers_done(self) -> None:
         """The chief of parameter-server training succeeded: its ps and worker tasks, which only
-        serve it, are told to leave now (`kdist.serve()`), not after its grace without the
-        chief."""
+        serve it, are told to leave now where they listen for it (`kdist.serve()` catches
+        `CHIEF_DONE_SIGNAL`), not after its grace without the chief; other programs get the
+        grace as before."""
         if not self.spec.has_ps:
             return
         for task in self.tasks:
-            if task.task_type in ("ps", "worker") and task.poll() is None:
+            if task.task_type in ("ps", "worker") and task.poll() is None and \
+                    _catches(task.process.pid, CHIEF_DONE_SIGNAL):
                 try:
                     os.kill(task.process.pid, CHIEF_DONE_SIGNAL)
                 except ProcessLookupError:
@@ -520,3 +522,13 @@ def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_c
     if task_command is not None:
         raise UsageError("min_workers", "a custom task_command renders its own tasks, so the "
                          "launcher cannot drop one", "use the default task command")
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (Linux: its SigCgt mask)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught, 16) >> (signum - 1) & 1)

@@ -20,7 +20,8 @@ import json
 import logging
 
 from kdist import global_state
-from kdist.keras_seam import tf_internals
+from kdist.keras_seam import keras_internals, tf_internals
+from kdist.strategies import is_multi_worker
 
 logger = logging.getLogger("kdist")
 COUNT_KEY = "training.agreed_fits"  # this process's fits compared so far
@@ -143,9 +144,6 @@ def refuse_model_outside(model, model_strategy, current) -> None:
     strategy, and the step would fail), said in one line where it is wholly local (trained on
     one worker alone, as a reference model on the chief may be). In one process such a model is
     simply a local model."""
-    from kdist.keras_seam import keras_internals
-    from kdist.strategies import is_multi_worker
-
     if model_strategy is not None or current is None or not is_multi_worker(current):
         return
     fix = "create the model and call compile() inside `with kdist.scope():`"

@@ -10,7 +10,7 @@ import dataclasses
 import logging
 
 from kdist import model_state as states
-from kdist.keras_seam import keras_internals
+from kdist.keras_seam import keras_internals, versions
 from kdist.keras_seam.hooks import Hooks
 from kdist.ps import sync
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
@@ -150,8 +150,6 @@ def _weighs_examples(model) -> bool:
     tier): there the replicas of a clipped or sample-weighted fit drift apart by about 1e-10
     when weighed (measured, not understood), so Keras's equal weights stay."""
     import keras
-
-    from kdist.keras_seam import versions
 
     if not _sums_replicas(model):
         return False
