@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import run_kdist
+from conftest import run_kdist, run_python
 
 pytestmark = pytest.mark.compat  # on every stack of the version matrix
 
@@ -69,3 +69,25 @@ reads no file says why; its peer loses it). When these pass
     assert max(duplicated) > 0, duplicated
     errors = [report["upstream_tfrecord"] for report in job["reports"]]
     assert any("Could not apply FILE based sharding" in error for error in errors), errors
+
+
+def test_a_pydataset_under_a_mirrored_strategy_kdist_did_not_build_trains():
+    """One process, MirroredStrategy built by hand (no cluster kdist knows): the PyDataset's
+    order is this process's own, and fit trains every batch."""
+    program = "\n".join([
+        "import kdist", "kdist.split_cpu(2)", "import keras, numpy as np, tensorflow as tf",
+        "from kdist.keras_seam import patches",
+        "class Batches(keras.utils.PyDataset):",
+        "    def __len__(self): return 4",
+        "    def __getitem__(self, i):",
+        "        x = np.full((8, 2), i, 'float32'); return x, x[:, :1]",
+        "strategy = tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1'])",
+        "patches.install()",
+        "with strategy.scope():",
+        "    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])",
+        "    model.compile('sgd', 'mse')",
+        "history = model.fit(Batches(workers=2), epochs=2, verbose=0)",
+        "print('epochs', len(history.history['loss']))"])
+    result = run_python(["-c", program], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split()[-2:] == ["epochs", "2"]

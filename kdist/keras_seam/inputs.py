@@ -44,7 +44,10 @@ READERS = ("TFRecordDatasetV2", "TFRecordDatasetV1", "_TFRecordDataset", "TextLi
 
 
 def shared_seed(spec) -> int:
-    """One shuffle seed for every worker of the job (from the addresses of its cluster)."""
+    """One shuffle seed for every worker of the job (from the addresses of its cluster); for a
+    strategy with no cluster (one process, a strategy kdist did not build), this process's own."""
+    if spec is None:
+        return random.SystemRandom().getrandbits(32)
     return zlib.crc32(json.dumps(spec.jobs, sort_keys=True).encode())
 
 
