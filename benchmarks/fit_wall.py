@@ -33,7 +33,6 @@ import results_table  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONTENDERS = ("kdist", "tf_keras", "pytorch ddp")
-PACKAGES = {"tf_keras": "tf_keras", "pytorch ddp": "torch"}
 INPUTS = ("numpy", "tfdata", "generator")
 PER_WORKER_BATCH, EPOCHS, HIDDEN, LEARNING_RATE = 64, 4, 256, 0.05
 
@@ -231,22 +230,11 @@ def launch(contender, kind, workers, folder) -> dict:
 
 
 def runs_of(args) -> list[tuple[str, str, int]]:
-    contenders = [c for c in args.contenders.split(",") if _installed(c)]
+    contenders = [c for c in args.contenders.split(",") if measure.installed(c, "fit_wall")]
     kinds = args.inputs.split(",")
     return [(c, kind, w) for c in contenders for kind in (kinds if c != "pytorch ddp"
                                                           else ["numpy"])
             for w in (1, 2)]
-
-
-def _installed(contender: str) -> bool:
-    import importlib.util
-
-    package = PACKAGES.get(contender)
-    if package is None or importlib.util.find_spec(package) is not None:
-        return True
-    print(f"fit_wall: {contender} left out: `pip install {package}` to measure it",
-          file=sys.stderr)
-    return False
 
 
 def median_row(contender, kind, workers, reports) -> dict:

@@ -90,3 +90,20 @@ def median_seconds(function, repeats: int = 15) -> float:
         function()
         times.append(time.perf_counter() - started)
     return statistics.median(times)
+
+
+# The package each peer contender needs besides kdist's own (peers.py, fit_wall.py).
+PEER_PACKAGES = {"tf_keras": "tf_keras", "pytorch ddp": "torch"}
+
+
+def installed(contender: str, benchmark: str) -> bool:
+    """Whether `contender`'s package is installed; if not, says so (naming `benchmark`) and how
+    to measure it."""
+    import importlib.util
+
+    package = PEER_PACKAGES.get(contender)
+    if package is None or importlib.util.find_spec(package) is not None:
+        return True
+    print(f"{benchmark}: {contender} left out: `pip install {package}` to measure it",
+          file=sys.stderr)
+    return False

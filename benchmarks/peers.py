@@ -185,7 +185,6 @@ def _parameters(hidden: int) -> int:
 
 RUNNERS = {"kdist": run_kdist, "kdist TF collectives": run_kdist, "tf_keras": run_tf_keras,
            "pytorch ddp": run_ddp}
-PACKAGES = {"tf_keras": "tf_keras", "pytorch ddp": "torch"}
 
 
 def worker(args):
@@ -224,7 +223,7 @@ def main():
     args = parser.parse_args()
     if args.worker:
         return worker(args)
-    contenders = [c for c in args.contenders.split(",") if _installed(c)]
+    contenders = [c for c in args.contenders.split(",") if measure.installed(c, "peers")]
     models = args.models.split(",")
     runs = {(m, c, w): [] for m in models for c in contenders for w in (1, 2)}
     with tempfile.TemporaryDirectory() as folder:
@@ -237,16 +236,6 @@ def main():
     rows = [_row(model, contender, runs) for model in models for contender in contenders]
     tables = [_table(model, [r for r in rows if r["model"] == model], args) for model in models]
     results_table.save(args.name, "\n\n".join(tables), {"rows": rows, "args": vars(args)})
-
-
-def _installed(contender: str) -> bool:
-    import importlib.util
-
-    package = PACKAGES.get(contender)
-    if package is None or importlib.util.find_spec(package) is not None:
-        return True
-    print(f"peers: {contender} left out: `pip install {package}` to measure it", file=sys.stderr)
-    return False
 
 
 def _row(model: str, contender: str, runs) -> dict:

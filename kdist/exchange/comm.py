@@ -56,18 +56,18 @@ class Comm:
         rest = [k for k in range(len(tensors)) if k not in routed]
         gathered = functools.partial(self._context.all_reduce, tf.distribute.ReduceOp.SUM)
         summed = [None] * len(tensors)
-        batches = [(sparse, gathered),  # first: the ring's sums wait for them (_ring_sum)
-                   (rest, self._ring_sum if self._ring is not None else gathered)]
-        batches += [(positions, functools.partial(tf_internals.device_group_all_reduce,
-                                                  device=device, strategy=strategy))
-                    for device, positions in groups.items()]
-        for positions, reduce in batches:
+
+        def reduce_into(positions, reduce):
             if positions:
                 for k, value in zip(positions, reduce([tensors[k] for k in positions])):
                     summed[k] = value
-            if positions is sparse:
-                self._before_ring = [t for k in sparse
-                                     for t in (summed[k].values, summed[k].indices)]
+
+        reduce_into(sparse, gathered)  # first: the ring's sums wait for these (_ring_sum)
+        self._before_ring = [t for k in sparse for t in (summed[k].values, summed[k].indices)]
+        reduce_into(rest, self._ring_sum if self._ring is not None else gathered)
+        for device, positions in groups.items():
+            reduce_into(positions, functools.partial(tf_internals.device_group_all_reduce,
+                                                     device=device, strategy=strategy))
         return summed
 
     def _ring_sum(self, tensors: list) -> list:

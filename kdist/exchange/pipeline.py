@@ -115,13 +115,17 @@ class Exchange:
         comm = Comm(replica_context, self.optimizer.iterations)
         # Weighed by the replica's examples: every gradient under balance, else the exact sums
         # (a compressor's scale, its clipping and residuals, stays Keras's gradient's).
-        weighed = set(range(len(grads))) if self.balanced else \
-            set(range(len(grads))) - compressed if weights.recorded_batch_size() is not None \
-            else set()
+        weighed = []
+        if self.balanced:
+            weighed = list(range(len(grads)))
+        elif weights.recorded_batch_size() is not None:
+            weighed = [k for k in range(len(grads)) if k not in compressed]
         riders = []
         if weighed:
-            scaled, examples = weights.weigh([grads[k] for k in sorted(weighed)], comm.replicas)
-            grads = [scaled.pop(0) if k in weighed else g for k, g in enumerate(grads)]
+            scaled, examples = weights.weigh([grads[k] for k in weighed], comm.replicas)
+            grads = list(grads)
+            for k, grad in zip(weighed, scaled):
+                grads[k] = grad
             riders = [examples]  # summed in the same all-reduce as the first plain gradients
         groups = buckets.buckets([t.shape.num_elements() * t.dtype.size for t in grads],
                                  self.bucket_bytes) if self.bucket_bytes \
@@ -141,8 +145,7 @@ class Exchange:
                 summed.update(zip(chosen, self.compressor.aggregate([grads[k] for k in chosen],
                                                                     states, comm)))
         if riders:
-            order = sorted(weighed)
-            summed.update(zip(order, weights.unweigh([summed[k] for k in order], examples)))
+            summed.update(zip(weighed, weights.unweigh([summed[k] for k in weighed], examples)))
         out = list(pairs)
         for k, (i, _, v) in enumerate(present):
             out[i] = (summed[k], v)

@@ -57,13 +57,12 @@ def scaled(gradient, factor):
         return gradient * tf.cast(factor, gradient.dtype)
 
 
-def weigh(gradients: list, replicas: int, batch_size=None):
+def weigh(gradients: list, replicas: int):
     """This replica's gradients times b_i x replicas, and b_i (as float32) to all-reduce with them
-    (b_i: `batch_size`, else the one `train_step` recorded)."""
+    (b_i: what its `train_step` recorded)."""
     import tensorflow as tf
 
-    if batch_size is None:
-        batch_size = recorded_batch_size()
+    batch_size = recorded_batch_size()
     if batch_size is None:
         raise RuntimeError("kdist balance: the optimizer was called outside the model's train_step, "
                            "so this replica's batch size is unknown. Call the optimizer from "

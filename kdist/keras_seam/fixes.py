@@ -123,7 +123,7 @@ def _consistent_pydataset_order(original):
     return __init__
 
 
-def is_tf_data(dataset) -> bool:
+def _is_tf_data(dataset) -> bool:
     """A tf.data dataset (not one the user distributed already)."""
     import tensorflow as tf
 
@@ -139,7 +139,7 @@ def _tf_data_under_multi_worker(original):
         adapter = self.data_adapter
         dataset = adapter.get_tf_dataset() if isinstance(
             adapter, classes.resolve("TFDatasetAdapter")) else None
-        if is_tf_data(dataset) and is_multi_worker(distribute_strategy):
+        if _is_tf_data(dataset) and is_multi_worker(distribute_strategy):
             resharded = inputs.file_sharding(
                 dataset, tf_internals.num_workers(distribute_strategy),
                 say=connected().cluster_of(distribute_strategy).is_chief)
@@ -309,24 +309,6 @@ def _leaves_without_remote_removal(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 10. Keras < 3.8 reduces a loss over an empty batch to 0 / 0: a replica whose share of a short
-#     last batch is empty logs a NaN loss for the whole epoch (its weights stay right: an empty
-#     share's gradient is zeros). Later Keras divides with divide_no_nan. kdist makes an empty
-#     batch's loss 0, as one device never sees it.
-def _empty_batch_loss_zero(original):
-    @functools.wraps(original)
-    def reduce_values(values, *args, **kwargs):
-        import tensorflow as tf
-
-        loss = original(values, *args, **kwargs)
-        if not tf.is_tensor(loss) or loss.shape.rank != 0 or values.shape.rank == 0:
-            return loss
-        return tf.where(tf.size(values) > 0, loss, tf.zeros_like(loss))
-
-    return reduce_values
-
-
-# ----------------------------------------------------------------------------------------------
 # 9. `predict_on_batch(x)` under several replicas runs the whole undistributed batch on every
 #    replica and concatenates their outputs: 64 rows in, 128 out under 2 replicas (Mirrored and
 #    MultiWorkerMirrored alike). kdist predicts the batch as `predict` does, one batch of its rows
@@ -345,6 +327,24 @@ def _predict_on_batch_distributed(original):
         return self.predict(x, batch_size=max(rows, 1), verbose=0)
 
     return predict_on_batch
+
+
+# ----------------------------------------------------------------------------------------------
+# 10. Keras < 3.8 reduces a loss over an empty batch to 0 / 0: a replica whose share of a short
+#     last batch is empty logs a NaN loss for the whole epoch (its weights stay right: an empty
+#     share's gradient is zeros). Later Keras divides with divide_no_nan. kdist makes an empty
+#     batch's loss 0, as one device never sees it.
+def _empty_batch_loss_zero(original):
+    @functools.wraps(original)
+    def reduce_values(values, *args, **kwargs):
+        import tensorflow as tf
+
+        loss = original(values, *args, **kwargs)
+        if not tf.is_tensor(loss) or loss.shape.rank != 0 or values.shape.rank == 0:
+            return loss
+        return tf.where(tf.size(values) > 0, loss, tf.zeros_like(loss))
+
+    return reduce_values
 
 
 FIXES = [
