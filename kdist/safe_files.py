@@ -20,8 +20,11 @@ private (0700).
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import secrets
+import shutil
 
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
 
@@ -52,3 +55,61 @@ def open_for_append(path: str):
     if os.path.islink(path):
         os.unlink(path)
     return os.fdopen(os.open(path, flags, 0o666), "a", encoding="utf-8", errors="replace")
+
+
+@contextlib.contextmanager
+def replaced_whole(path: str):
+    """Yields a new path beside `path`, ending as `path` ends (Keras checks the extension), for
+    one writer to fill with a file or a folder. When the block ends it replaces `path`; when the
+    block fails it is removed and `path` is as it was. A full disk raises an OSError that names
+    `path` and the space left. A `path` whose folder does not exist is yielded as it is (the
+    writer's own error names it)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        yield path
+        return
+    name = os.path.basename(os.path.normpath(path))
+    incoming = os.path.join(directory, f".kdist-{secrets.token_hex(6)}-{name}")
+    try:
+        yield incoming
+        _replace(incoming, path)
+    except BaseException as err:
+        _remove(incoming)
+        if _disk_full(err):
+            free = shutil.disk_usage(directory).free / 2**20
+            raise OSError(errno.ENOSPC, f"no space left to write {path} ({free:.1f} MiB free on "
+                                        "its disk); what was there is unchanged: free some "
+                                        "space or write elsewhere") from err
+        raise
+
+
+def _replace(incoming: str, path: str) -> None:
+    if os.path.isdir(incoming) and os.path.isdir(path) and not os.path.islink(path):
+        aside = f"{incoming}-replaced"
+        os.rename(path, aside)  # a folder cannot be renamed over a folder that is not empty
+        os.rename(incoming, path)
+        shutil.rmtree(aside, ignore_errors=True)
+        return
+    if os.path.isdir(incoming) and os.path.lexists(path):
+        os.unlink(path)  # a file or a link where the folder goes
+    os.replace(incoming, path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path) and not os.path.islink(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.lexists(path):
+        os.unlink(path)
+
+
+def _disk_full(err: BaseException) -> bool:
+    """h5py and TensorFlow report a full disk in their own exception types, with errno 28 in the
+    text; the cause chain is searched too."""
+    for _ in range(8):  # a chain, never a cycle, but bounded all the same
+        if err is None:
+            return False
+        if getattr(err, "errno", None) == errno.ENOSPC or "No space left" in str(err) \
+                or "errno = 28" in str(err):
+            return True
+        err = err.__cause__ or err.__context__
+    return False

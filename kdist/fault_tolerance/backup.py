@@ -40,6 +40,7 @@ import shutil
 import tempfile
 
 from kdist import safe_files
+from kdist.keras_seam import saving
 
 logger = logging.getLogger("kdist")
 
@@ -146,7 +147,8 @@ def write_unit(folder: str, model, metadata: dict, save=None) -> None:
     import keras
 
     weights = os.path.join(folder, WEIGHTS)
-    (save or model.save_weights)(weights)
+    with saving.as_given():  # `folder` is new and renamed into place by the caller
+        (save or model.save_weights)(weights)
     _fsync(weights)
     variables = architecture(model)
     _write_json(os.path.join(folder, MANIFEST), {

@@ -104,6 +104,7 @@ OWNERS = {
         "keras.src.trainers.data_adapters.py_dataset_adapter").PyDatasetAdapter,
     "TFDatasetAdapter": lambda: importlib.import_module(
         "keras.src.trainers.data_adapters.tf_dataset_adapter").TFDatasetAdapter,
+    "Model": _public("Model"),
     "BackupAndRestore": _public("callbacks.BackupAndRestore"),
     "ModelCheckpoint": _public("callbacks.ModelCheckpoint"),
     "TensorBoard": _public("callbacks.TensorBoard"),

@@ -16,6 +16,7 @@ from kdist.keras_seam import inputs, keras_internals, one_device, versions
 from kdist.keras_seam.callbacks import FILE_CALLBACKS
 from kdist.keras_seam.hooks import connected
 from kdist.keras_seam.registry import FIX, Patch, Target
+from kdist.keras_seam.saving import MODEL_FILES
 from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 
 
@@ -402,6 +403,12 @@ FIXES = [
           upstream="none filed (tf-keras had it); see kdist/keras_seam/callbacks.py",
           why="ModelCheckpoint, BackupAndRestore, TensorBoard and CSVLogger write from every "
               "worker to the same path (HDF5 lock errors, truncated files, interleaved logs)"),
+    Patch("model_files_written_once", FIX, MODEL_FILES,
+          upstream="none filed (tf-keras's guide had users pick paths per worker); see "
+                   "kdist/keras_seam/saving.py",
+          why="model.save, save_weights and export from every worker write the same path (HDF5 "
+              "lock errors, files written over each other), and a crash or a full disk leaves a "
+              "truncated file in place of the last good one"),
     Patch("batch_norm_statistics_averaged", FIX,
           {Target("BatchNormalization", "build"): one_device._statistics_averaged},
           upstream="none filed for Keras 3 (tf.keras 2 created them with aggregation MEAN); "

@@ -1,0 +1,85 @@
+"""The files a model writes itself (`save`, `save_weights`, `export`): written once, whole.
+
+Every worker of a MultiWorkerMirrored program runs the user's `model.save_weights("m.weights.h5")`.
+Without kdist both write the same path: HDF5 refuses the second ("unable to lock file") and
+that worker dies, a `.keras` file or a SavedModel is written twice over itself (no upstream
+report found; tf-keras's guide told users to pick the paths by hand). A process killed in the
+middle, or a full disk, leaves a truncated file that `load_model` rejects, in place of the last
+good one. The fix, on Keras's Model so that the user's calls work unchanged:
+
+- the chief (or the only process) writes a new name beside the path and renames it over the path
+  once complete, so the path holds the previous file or the new one, never a part; a full disk
+  names the path and the space left;
+- every other worker makes the same save (a collective inside it, such as a compressor's state,
+  still matches on all workers) into a private temporary directory, deleted right after.
+
+Left to Keras as they are: file objects, URLs (`gs://...`), `overwrite=False` over an existing
+file (Keras asks), and sharded weights (`max_shard_size`: several files). kdist's own saves,
+whose folders are already private or already renamed into place, write where they say
+(`as_given`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import os
+import shutil
+
+from kdist import safe_files
+from kdist.keras_seam.callbacks import cluster_of_model, worker_temp_dir
+from kdist.keras_seam.registry import Target
+
+_AS_GIVEN = contextvars.ContextVar("kdist_save_as_given", default=False)
+
+
+@contextlib.contextmanager
+def as_given():
+    """Inside the block a model's saves write exactly the path they are given, on every worker."""
+    token = _AS_GIVEN.set(True)
+    try:
+        yield
+    finally:
+        _AS_GIVEN.reset(token)
+
+
+def _local_path(filepath) -> str | None:
+    if not isinstance(filepath, (str, os.PathLike)):
+        return None
+    path = os.fspath(filepath)
+    return None if "://" in path else path
+
+
+def _whole(path: str, args: tuple, kwargs: dict, method: str) -> bool:
+    """Whether the chief's save can go to a new name renamed over `path`."""
+    if method == "save_weights" and kwargs.get("max_shard_size") is not None:
+        return False
+    overwrite = kwargs.get("overwrite", args[0] if args and method != "export" else True)
+    return overwrite or not os.path.lexists(path)
+
+
+def _written_once(original):
+    method_name = original.__name__
+
+    @functools.wraps(original)
+    def method(self, filepath, *args, **kwargs):
+        path = _local_path(filepath)
+        if path is None or _AS_GIVEN.get():
+            return original(self, filepath, *args, **kwargs)
+        if not cluster_of_model(self).is_chief:
+            temp = worker_temp_dir(None, "save-", model=self)
+            try:
+                name = os.path.basename(os.path.normpath(path))
+                return original(self, os.path.join(temp, name), *args, **kwargs)
+            finally:
+                shutil.rmtree(temp, ignore_errors=True)
+        if not _whole(path, args, kwargs, method_name):
+            return original(self, filepath, *args, **kwargs)
+        with safe_files.replaced_whole(path) as incoming:
+            return original(self, incoming, *args, **kwargs)
+
+    return method
+
+
+MODEL_FILES = {Target("Model", name): _written_once for name in ("save", "save_weights", "export")}

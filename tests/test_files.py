@@ -1,0 +1,127 @@
+"""Every file a user's program writes is written once and whole: by 2 real workers sharing one
+folder (tests/programs/files_job.py), after a save that fails midway, and on a full disk."""
+
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import run_kdist
+from kdist.keras_seam import patches
+
+pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
+
+WRITTEN = ["best.weights.h5", "epoch-1.keras", "epoch-2.keras", "epoch-3.keras", "exported",
+           "log.csv", "model.keras", "model.weights.h5", "tensorboard"]
+
+
+@pytest.fixture(scope="module")
+def shared_folder(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("shared")
+    temp = tmp_path_factory.mktemp("workertemp")
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "240", "--", sys.executable,
+                        os.path.abspath("tests/programs/files_job.py"), str(folder)], timeout=270,
+                       env={"TMPDIR": str(temp)})
+    assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
+    return folder, temp
+
+
+def test_two_workers_write_every_file_once_and_whole(shared_folder):
+    """model.save, save_weights and export called on both workers (as users write them), with
+    ModelCheckpoint (save_best_only to a relative .weights.h5), CSVLogger and TensorBoard: the
+    chief's files load and predict what the model predicts; nothing else is left."""
+    folder, temp = shared_folder
+    report = json.loads((folder / "worker-0.json").read_text())
+    assert sorted(os.listdir(folder)) == sorted(WRITTEN + ["worker-0.json", "worker-1.json"])
+    for name, predicted in report["loaded"].items():
+        np.testing.assert_allclose(predicted, report["expected"], rtol=1e-6, err_msg=name)
+    assert sorted(report["loaded"]) == ["best.weights.h5", "exported", "model.keras",
+                                        "model.weights.h5"]
+    assert report["csv_lines"][0] == "epoch,loss,val_loss" and len(report["csv_lines"]) == 4
+    for run in ("train", "validation"):
+        assert len(os.listdir(folder / "tensorboard" / run)) == 1  # one writer
+    assert os.listdir(temp) == []  # the other worker's private copies are gone
+
+
+@pytest.fixture(autouse=True)
+def installed():
+    patches.install()  # what kdist.scope() does
+
+
+@keras.saving.register_keras_serializable("kdist_tests")  # so that only a broken file fails to load
+class Failing(keras.layers.Dense):
+    """A layer whose variables fail to save after the file is opened (a crash midway)."""
+
+    def save_own_variables(self, store):
+        raise RuntimeError("planted failure midway through the save")
+
+
+def model(layer=keras.layers.Dense, units=4):
+    return keras.Sequential([keras.Input((3,)), keras.layers.Dense(units), layer(1)])
+
+
+def broken_save_over(path):
+    good = model()
+    good.save(path)
+    with pytest.raises(RuntimeError, match="planted failure"):
+        model(Failing).save(path)
+    return good
+
+
+def test_a_save_that_fails_midway_leaves_the_previous_file(tmp_path):
+    path = str(tmp_path / "model.keras")
+    good = broken_save_over(path)
+    loaded = keras.saving.load_model(path)
+    for mine, theirs in zip(good.weights, loaded.weights):
+        np.testing.assert_array_equal(mine.numpy(), theirs.numpy())
+    assert os.listdir(tmp_path) == ["model.keras"]
+
+
+def test_upstream_a_save_that_fails_midway_leaves_a_broken_file(tmp_path):
+    """Regression evidence: without kdist's fix, Keras writes the user's path directly."""
+    path = str(tmp_path / "model.keras")
+    fix = patches.patch("model_files_written_once")
+    fix.uninstall()
+    try:
+        broken_save_over(path)
+    finally:
+        fix.install()
+    with pytest.raises(Exception):
+        keras.saving.load_model(path)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 192 KiB tmpfs mounted at tmp_path/disk (root): skipped where it cannot be mounted,
+    except in CI (.ci/run sets KDIST_REQUIRE_ROOT, so it always runs there)."""
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=192k", "tmpfs", str(disk)],
+                             capture_output=True, text=True)
+    if mounted.returncode:
+        if os.environ.get("KDIST_REQUIRE_ROOT"):
+            pytest.fail(f"cannot mount a tmpfs: {mounted.stderr}")
+        pytest.skip(f"cannot mount a tmpfs (root only): {mounted.stderr.strip()}")
+    yield disk
+    gc.collect()  # h5py closes a file that failed to write when its object goes
+    subprocess.run(["umount", str(disk)], check=True)
+
+
+@pytest.mark.parametrize("method,name", [("save", "model.keras"),
+                                         ("save_weights", "model.weights.h5")])
+def test_a_full_disk_names_the_path_and_keeps_the_previous_file(small_disk, method, name):
+    path = str(small_disk / name)
+    small = model()
+    getattr(small, method)(path)
+    before = open(path, "rb").read()
+    with pytest.raises(OSError) as raised:
+        getattr(model(units=20000), method)(path)  # 20,000 x 3 float32: more than the disk
+    message = str(raised.value)
+    assert raised.value.errno == 28 and path in message and "MiB free" in message, message
+    assert open(path, "rb").read() == before
+    assert os.listdir(small_disk) == [name]
