@@ -38,6 +38,7 @@ import itertools
 import logging
 import queue
 import secrets
+import selectors
 import socket
 import struct
 import sys
@@ -51,6 +52,7 @@ from kdist import global_state
 BUFFER_BYTES = 4 << 20
 NONCE_BYTES, PROOF_BYTES = 16, 32
 ACCEPTED, REFUSED = b"\x01", b"\x00"
+HANDSHAKE_SECONDS = 5.0  # for a connection to the listener to prove the secret (side by side)
 logger = logging.getLogger("kdist")
 
 
@@ -327,44 +329,121 @@ def _admitted(*args) -> dict:
 
 def _admit(listener: socket.socket, secret: bytes, generation: int, rank: int, name: str,
            timeout: float) -> socket.socket:
-    """The predecessor's connection, once it has proved the secret; a connection that does not
-    (a stranger, another job) is refused and the listener waits on, until `timeout`."""
+    """The predecessor's connection, once it has proved the secret. Connections are
+    authenticated side by side, each within `HANDSHAKE_SECONDS`: one that does not prove the
+    secret in time (a stranger, another job) is refused without delaying the others, and the
+    listener waits on, until `timeout`."""
     deadline = time.monotonic() + timeout
-    refused: list[str] = []
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise RingError(f"the ring's predecessor {name} did not join within {timeout:g} s"
-                            + (f"; refused {len(refused)} connection(s) that did not prove the "
-                               f"job secret (from {', '.join(refused)}): a worker with another "
-                               "KDIST_JOB_SECRET, or a stranger" if refused else "")
-                            + ". Fix: check that every worker sums over kdist's ring (the same "
-                            "all_reduce option) with the same KDIST_JOB_SECRET, and that its port "
-                            "is open (KDIST_RING_PORT)")
-        listener.settimeout(min(left, 0.5))
+    header = struct.pack("!II", generation, rank)
+    refusals = _Refusals(name)
+    pending: dict[socket.socket, _Candidate] = {}
+    listener.setblocking(False)
+    with selectors.DefaultSelector() as selector:
+        selector.register(listener, selectors.EVENT_READ)
+        try:
+            while True:
+                now = time.monotonic()
+                if now >= deadline:
+                    raise RingError(refusals.deadline_message(timeout))
+                for sock in [s for s, c in pending.items() if c.until <= now]:
+                    selector.unregister(sock)
+                    refusals.refuse(pending.pop(sock))
+                wait = min([deadline, *(c.until for c in pending.values())]) - now
+                for key, _ in selector.select(timeout=max(wait, 0.01)):
+                    if key.fileobj is listener:
+                        candidate = _Candidate.accepted(listener, header, secret)
+                        if candidate is not None:
+                            pending[candidate.sock] = candidate
+                            selector.register(candidate.sock, selectors.EVENT_READ)
+                        continue
+                    candidate = pending[key.fileobj]
+                    verdict = candidate.read()
+                    if verdict is None:
+                        continue
+                    selector.unregister(candidate.sock)
+                    del pending[candidate.sock]
+                    if verdict:
+                        candidate.sock.setblocking(True)
+                        candidate.sock.sendall(ACCEPTED)
+                        return candidate.sock
+                    refusals.refuse(candidate)
+        finally:
+            for sock in pending:
+                sock.close()
+
+
+class _Candidate:
+    """One connection to the listener: the nonce it was sent and the answer it owes."""
+
+    def __init__(self, sock: socket.socket, peer: str, expected: bytes):
+        self.sock, self.peer, self.expected = sock, peer, expected
+        self.answer = b""
+        self.until = time.monotonic() + HANDSHAKE_SECONDS
+
+    @classmethod
+    def accepted(cls, listener: socket.socket, header: bytes, secret: bytes) -> "_Candidate | None":
         try:
             sock, peer = listener.accept()
-        except socket.timeout:
-            continue  # the deadline, checked above
-        nonce = secrets.token_bytes(NONCE_BYTES)
-        expected = struct.pack("!II", generation, rank) + _proof(secret, nonce, generation, rank)
+            nonce = secrets.token_bytes(NONCE_BYTES)
+            sock.sendall(nonce)  # 16 bytes into a new connection's empty buffer
+            sock.setblocking(False)
+        except OSError:  # it went away at once
+            return None
+        generation, rank = struct.unpack("!II", header)
+        return cls(sock, f"{peer[0]}:{peer[1]}", header + _proof(secret, nonce, generation, rank))
+
+    def read(self) -> bool | None:
+        """True once the answer proves the secret, False once it cannot, None while it may."""
         try:
-            sock.settimeout(min(5.0, max(left, 0.1)))
-            sock.sendall(nonce)
-            answer = _receive_exactly(sock, len(expected), f"a connection from {peer[0]}")
-        except (OSError, RingError):
-            answer = b""
-        if hmac.compare_digest(answer, expected):
-            sock.sendall(ACCEPTED)
-            return sock
-        refused.append(f"{peer[0]}:{peer[1]}")
-        logger.warning("kdist: the TCP ring refused a connection from %s:%s: it did not prove the "
-                       "job secret; waiting on for %s", peer[0], peer[1], name)
+            chunk = self.sock.recv(len(self.expected) - len(self.answer))
+        except BlockingIOError:
+            return None
+        except OSError:
+            return False
+        self.answer += chunk
+        if chunk and len(self.answer) < len(self.expected):
+            return None
+        return hmac.compare_digest(self.answer, self.expected)
+
+
+class _Refusals:
+    """The connections a listener refused, and its warnings about them: the first at once, then
+    at most one line per `WARN_EVERY_SECONDS` with the count since the last."""
+
+    WARN_EVERY_SECONDS = 10.0
+
+    def __init__(self, name: str):
+        self.name = name
+        self.peers: list[str] = []
+        self.unreported = 0
+        self.warned_at = -float("inf")
+
+    def refuse(self, candidate: _Candidate) -> None:
+        """Tells `candidate` it is refused (if it still listens) and closes it."""
+        self.peers.append(candidate.peer)
+        self.unreported += 1
         try:
-            sock.sendall(REFUSED)
+            candidate.sock.send(REFUSED)  # one byte into a non-blocking socket: never waits
         except OSError:
             pass
-        sock.close()
+        candidate.sock.close()
+        if time.monotonic() - self.warned_at >= self.WARN_EVERY_SECONDS:
+            many = f"{self.unreported} connections (the last from {candidate.peer})" \
+                if self.unreported > 1 else f"a connection from {candidate.peer}"
+            logger.warning("kdist: the TCP ring refused %s: it did not prove the job secret "
+                           "within %g s; waiting on for %s", many, HANDSHAKE_SECONDS, self.name)
+            self.unreported, self.warned_at = 0, time.monotonic()
+
+    def deadline_message(self, timeout: float) -> str:
+        shown = ", ".join(self.peers[:5]) + (f" and {len(self.peers) - 5} more"
+                                             if len(self.peers) > 5 else "")
+        return (f"the ring's predecessor {self.name} did not join within {timeout:g} s"
+                + (f"; refused {len(self.peers)} connection(s) that did not prove the job secret "
+                   f"(from {shown}): a worker with another KDIST_JOB_SECRET, or a stranger"
+                   if self.peers else "")
+                + ". Fix: check that every worker sums over kdist's ring (the same all_reduce "
+                "option) with the same KDIST_JOB_SECRET, and that its port is open "
+                "(KDIST_RING_PORT)")
 
 
 def _bytes(chunk: np.ndarray) -> memoryview:
