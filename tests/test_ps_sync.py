@@ -37,9 +37,10 @@ def test_ksync_over_every_worker_is_synchronous_sgd(synced):
 
 def test_ksync_below_the_worker_count_goes_on_without_a_stopped_worker(synced):
     # ksync:3 needs worker 2 in every update: at most the one that already held its gradient from
-    # the end of epoch 0 completes while it is stopped; ksync:2 goes on with workers 0 and 1.
+    # the end of epoch 0 completes while it is stopped (6 s); ksync:2 goes on with workers 0 and
+    # 1: the job waits for 2 updates, up to 60 s (docs/parameter-servers.md).
     assert synced["stopped_ksync3"]["updates_while_stopped"] <= 1
-    assert synced["stopped_ksync2"]["updates_while_stopped"] >= 2
+    assert synced["stopped_ksync2"]["updates_while_stopped"] >= 2, synced["stopped_ksync2"]
     for case in ("stopped_ksync2", "stopped_ksync3"):
         history = synced[case]["history"]
         assert history["examples"] == [STEPS * 32.0, STEPS * 32.0]  # metrics exact as async

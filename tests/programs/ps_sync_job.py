@@ -5,8 +5,9 @@ Every task runs this script; ps and worker tasks serve and exit when the chief i
 trains one small MLP per case and writes OUT/sync.json:
   ksync3_equal    ksync:3 on one fixed batch (every worker's gradient at the same variables is the
                   same), against plain Keras SGD on that batch for as many updates
-  stopped_ksyncK  ksync:2 and ksync:3 while worker 2 is SIGSTOPped for STOP_SECONDS in epoch 1:
-                  optimizer updates counted during the stop
+  stopped_ksyncK  ksync:2 and ksync:3 while worker 2 is SIGSTOPped in epoch 1: optimizer updates
+                  counted during the stop, which lasts STOP_SECONDS for ksync:3 (it must not
+                  update) and until 2 updates, at most PROGRESS_SECONDS, for ksync:2
   stale0, kbatch2 the modes' epoch logs and staleness histograms on shuffled data
   refused         ps_sync errors (bad value)
 """
@@ -29,7 +30,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from ps_helpers import ExampleCount, task_process  # noqa: E402
 
-STEPS, BATCH, STOP_SECONDS = 16, 32, 6
+STEPS, BATCH, STOP_SECONDS, PROGRESS_SECONDS = 16, 32, 6, 60
 rng = np.random.default_rng(0)
 x = rng.normal(size=(512, 8)).astype("float32")
 y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
@@ -52,8 +53,9 @@ def build(mode):
 
 
 class StopWorker(keras.callbacks.Callback):
-    """SIGSTOPs worker 2 when epoch 1 begins and SIGCONTs it STOP_SECONDS later, counting the
-    optimizer updates applied meanwhile.
+    """SIGSTOPs worker 2 when epoch 1 begins and SIGCONTs it once `until_updates` optimizer
+    updates were applied meanwhile (at most PROGRESS_SECONDS later), or, without it,
+    STOP_SECONDS later; counts the updates and the seconds.
 
     While worker 2 is stopped, the chief must not wait for it outside the training itself. The
     tf2.17 tier hung in that window, the chief's main thread in its garbage collector freeing a
@@ -61,6 +63,22 @@ class StopWorker(keras.callbacks.Callback):
     for worker 2); any TensorFlow op of the chief, such as the read of the update count before
     the SIGCONT, may then wait too. So the collector is off during the stop, and a timer that
     runs no TensorFlow op sends the SIGCONT even if the read waits."""
+
+    def __init__(self, until_updates=None):
+        super().__init__()
+        self.until_updates = until_updates
+
+    def _stopped_for(self, before):
+        """Waits while worker 2 is stopped; returns the updates applied meanwhile."""
+        if self.until_updates is None:
+            time.sleep(STOP_SECONDS)
+            return int(self.model.optimizer.iterations.numpy()) - before
+        deadline = time.monotonic() + PROGRESS_SECONDS
+        while True:
+            updates = int(self.model.optimizer.iterations.numpy()) - before
+            if updates >= self.until_updates or time.monotonic() > deadline:
+                return updates
+            time.sleep(0.1)
 
     def on_epoch_begin(self, epoch, logs=None):
         if epoch != 1:
@@ -70,15 +88,17 @@ class StopWorker(keras.callbacks.Callback):
         gc.disable()
         process.send_signal(signal.SIGSTOP)
         # started before any TensorFlow op of the chief: the read just below may wait too
-        self.safety = threading.Timer(STOP_SECONDS + 5, process.send_signal, (signal.SIGCONT,))
+        longest = STOP_SECONDS if self.until_updates is None else PROGRESS_SECONDS
+        self.safety = threading.Timer(longest + 5, process.send_signal, (signal.SIGCONT,))
         self.safety.start()
         before = int(self.model.optimizer.iterations.numpy())
 
         def resume():
+            started = time.monotonic()
             try:
-                time.sleep(STOP_SECONDS)
-                self.updates_while_stopped = int(self.model.optimizer.iterations.numpy()) - before
+                self.updates_while_stopped = self._stopped_for(before)
             finally:
+                self.seconds_stopped = time.monotonic() - started
                 process.send_signal(signal.SIGCONT)
                 self.safety.cancel()
                 gc.enable()
@@ -118,12 +138,13 @@ report["ksync3_equal"] = {
 
 for mode in ("ksync:2", "ksync:3"):
     model = build(mode)
-    stop = StopWorker()
+    stop = StopWorker(until_updates=2 if mode == "ksync:2" else None)
     history = model.fit(x, y, batch_size=BATCH, epochs=2, steps_per_epoch=STEPS, verbose=0,
                         callbacks=[stop]).history
     stop.thread.join()
     report[f"stopped_{mode.replace(':', '')}"] = {
-        "history": history, "updates_while_stopped": stop.updates_while_stopped}
+        "history": history, "updates_while_stopped": stop.updates_while_stopped,
+        "seconds_stopped": stop.seconds_stopped}
 
 for mode in ("stale:0", "kbatch:2"):
     model = build(mode)
