@@ -19,8 +19,8 @@ stops a job that ran past ``--timeout``, so a hang says where each task was. Fil
 without following a symlink and without widening the process's umask (`kdist.safe_files`).
 
 >>> record = record_of(ValueError("bad shape"), task="worker:1")
->>> record["task"], record["type"], record["message"]
-('worker:1', 'ValueError', 'bad shape')
+>>> record["task"], record["type"], record["message"], record["headline"]
+('worker:1', 'ValueError', 'bad shape', 'ValueError: bad shape')
 """
 
 from __future__ import annotations
@@ -46,9 +46,26 @@ _installed = False
 def record_of(error: BaseException, task: str | None = None) -> dict:
     """What a task says about the exception it is ending on."""
     trace = traceback.format_exception(type(error), error, error.__traceback__)
+    message = str(error)
     return {"task": task or _task(), "pid": os.getpid(), "time": time.time(),
-            "type": type(error).__name__, "message": str(error)[:2000],
+            "type": type(error).__name__, "message": message[:2000],
+            "headline": headline(type(error).__name__, message)[:1000],
             "traceback": "".join(trace).splitlines()[-40:]}
+
+
+def headline(kind: str, message: str) -> str:
+    """`kind: first line of message`, where the first line says what happened: under TensorFlow's
+    "Graph execution error:" and the stack of the node it ran, the error itself.
+
+    >>> headline("UnknownError", "Graph execution error:\\n\\nDetected at node F defined at "
+    ...          "(most recent call last):\\n  File \\"t.py\\", line 9\\n\\nRingError: peer died\\n")
+    'UnknownError: RingError: peer died'
+    """
+    lines = message.splitlines()
+    if lines and lines[0].strip() == "Graph execution error:":
+        lines = [line for line in lines[1:] if line.strip() and not line[0].isspace()
+                 and not line.startswith("Detected at node")] or lines
+    return f"{kind}: {lines[0]}" if lines else kind
 
 
 def install() -> None:
@@ -76,8 +93,8 @@ def install() -> None:
 def write(record: dict) -> None:
     """The record's line on stderr, its JSON to KDIST_FAILURE_FILE, its text to the termination
     log where there is one."""
-    line = f"kdist: task {record['task']} failed: {record['type']}: {record['message']}"
-    print(line.splitlines()[0][:1000], file=sys.stderr, flush=True)
+    line = f"kdist: task {record['task']} failed: {record['headline']}"
+    print(line, file=sys.stderr, flush=True)
     path = os.environ.get(FILE_ENV)
     if path:
         safe_files.write_text(path, json.dumps(record))

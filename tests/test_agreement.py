@@ -5,15 +5,16 @@ train alone where wholly local, and workers that would train different things ar
 
 import sys
 
+import portpicker
 import pytest
 
 from conftest import run_kdist
 from kdist.training import agreement
 
 
-def launch(mode):
+def launch(mode, env=None):
     return run_kdist(["launch", "--workers", "2", "--timeout", "120", "--", sys.executable,
-                      "tests/programs/mistakes_job.py", mode], timeout=150)
+                      "tests/programs/mistakes_job.py", mode], timeout=150, env=env)
 
 
 def headline(result) -> str:
@@ -57,3 +58,14 @@ def test_agreeing_facts_show_no_difference():
     assert agreement.first_difference(facts, dict(facts)) is None
     assert agreement.first_difference(facts, {**facts, "variables": []}) == \
         ("variable d/kernel", "shape (4, 8) float32", "absent")
+
+
+def test_one_ring_port_for_two_workers_on_a_host_is_the_headline():
+    """The headline names the setting and the fix, not TensorFlow's "Graph execution error:"
+    (the ring starts inside the first step's graph)."""
+    result = launch("same", env={"KDIST_RING_PORT": str(portpicker.pick_unused_port())})
+    assert result.returncode == 1, result.stdout[-3000:]
+    line = headline(result)
+    assert "raised UnknownError: RingError: the ring's port" in line and "is taken " \
+        "(KDIST_RING_PORT)" in line and "give each worker on a host its own KDIST_RING_PORT" \
+        in line, line

@@ -296,6 +296,19 @@ def test_many_strangers_make_one_warning_line(caplog):
         member.close()
 
 
+def test_a_taken_ring_port_names_kdist_ring_port_and_the_fix():
+    """Two workers on one host given one KDIST_RING_PORT: the second cannot listen there."""
+    import socket
+
+    with socket.create_server(("", 0)) as taken:
+        port = taken.getsockname()[1]
+        with pytest.raises(RingError, match=rf"the ring's port {port} on 127.0.0.1 is taken "
+                           r"\(KDIST_RING_PORT\).*give each worker on a host its own "
+                           "KDIST_RING_PORT"):
+            Ring.connect(0, ["127.0.0.1:1", "127.0.0.1:2"], {}.__setitem__, {}.__getitem__,
+                         timeout=1.0, generation=0, port=port)
+
+
 def test_a_worker_left_with_only_strangers_says_so_at_its_deadline():
     store, outcome = {"kdist/ring/0/1": "127.0.0.1:1"}, {}  # its successor: nobody there
     alone = threading.Thread(target=_member, args=(0, store, outcome, 2.0))

@@ -32,6 +32,7 @@ first worker draws and shares through TensorFlow's coordination service (`kdist.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import hmac
 import itertools
@@ -169,8 +170,7 @@ class Ring:
         if generation is None:  # every worker builds its rings in the same order: the same keys
             generation = next(global_state.setdefault("exchange.rings", itertools.count))
         host = addresses[rank].rpartition(":")[0].strip("[]")
-        listener = socket.create_server(("", port), family=socket.AF_INET6
-                                        if ":" in host else socket.AF_INET, backlog=4)
+        listener = _listen(host, port)
         publish(f"kdist/ring/{generation}/{rank}", f"{host}:{listener.getsockname()[1]}")
         admitted: dict = {}  # the predecessor is admitted while this worker proves itself:
         admitting = threading.Thread(  # each waits for the other's nonce or proof
@@ -293,6 +293,20 @@ class Ring:
                 except OSError:
                     pass
                 sock.close()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    """The listener for this worker's predecessor; a taken `port` names the setting."""
+    try:
+        return socket.create_server(("", port), family=socket.AF_INET6 if ":" in host
+                                    else socket.AF_INET, backlog=16)
+    except OSError as err:
+        if port and err.errno == errno.EADDRINUSE:
+            raise RingError(f"the ring's port {port} on {host} is taken (KDIST_RING_PORT): another "
+                            "process holds it, such as another worker on this host. Fix: "
+                            "give each worker on a host its own KDIST_RING_PORT, or unset it "
+                            "(any free port)") from None
+        raise
 
 
 def _proof(secret: bytes, nonce: bytes, generation: int, rank: int) -> bytes:

@@ -15,6 +15,7 @@ import json
 import signal
 
 from kdist import exit_codes, safe_files
+from kdist.failure import headline
 
 MEANINGS = {
     exit_codes.USAGE: "a usage error (a bad flag, spec or TF_CONFIG)",
@@ -69,9 +70,9 @@ class TaskEnd:
         return self.exit_code == 0 and self.stopped_by is None
 
     def how(self, oom_kills: int = 0) -> str:
-        if self.failure is not None:
-            return f"raised {self.failure['type']}: {self.failure['message'].splitlines()[0]}" \
-                if self.failure["message"] else f"raised {self.failure['type']}"
+        if self.failure is not None:  # without "headline": another kdist version's record
+            return "raised " + (self.failure.get("headline")
+                                or headline(self.failure["type"], self.failure["message"]))
         if self.stopped_by is not None:
             return f"stopped by kdist because {self.stopped_by}"
         return "succeeded" if self.exit_code == 0 else describe(self.exit_code, oom_kills)
