@@ -237,3 +237,29 @@ def test_a_generation_planted_as_a_symlink_is_neither_restored_nor_counted(tmp_p
     written = backup.write(str(backup_dir), new_model(), {"epoch": 1, "step": 0})
     assert os.path.basename(written) == "generation-%06d" % (int(real[0][-6:]) + 1)
     assert os.path.isdir(backup.generations(str(planted))[0])  # theirs untouched
+
+
+BUILT_BEFORE_THE_SCOPE = """
+import sys
+import kdist, keras, numpy as np
+backup = keras.callbacks.BackupAndRestore(sys.argv[1], save_freq=2, delete_checkpoint=False)
+stock = type(backup) is keras.callbacks.BackupAndRestore
+with kdist.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+x = np.ones((16, 3), "float32")
+model.fit(x, x[:, :1], batch_size=4, epochs=1, verbose=0, callbacks=[backup])
+print(stock, isinstance(backup, kdist.callbacks.BackupAndRestore), backup.save_freq)
+"""
+
+
+def test_a_backup_built_before_the_first_scope_is_kdists_at_fit(tmp_path):
+    """`keras.callbacks.BackupAndRestore(...)` built after `import kdist` but before the first
+    `kdist.scope()` (Keras's own class then) trains as kdist's: verified generations."""
+    from conftest import run_python
+
+    result = run_python(["-c", BUILT_BEFORE_THE_SCOPE, str(tmp_path / "backup")], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["True", "True", "2"], result.stdout
+    written = backup.generations(str(tmp_path / "backup"))
+    assert written and os.path.isfile(os.path.join(written[0], "manifest.json"))

@@ -119,6 +119,26 @@ def _stock_backup_class():
     return keras.callbacks.BackupAndRestore
 
 
+def adopt_stock_backups(callbacks) -> None:
+    """Makes kdist's each stock `keras.callbacks.BackupAndRestore` in `callbacks` that was built
+    before the hook above was installed (after `import kdist`, before the first `kdist.scope()`),
+    with the same settings, as if it had been built with the hook (nothing was saved yet)."""
+    replacement = connected().backup_class()
+    if replacement is None or not _patch("backup_and_restore_is_kdists").active:
+        return
+    for callback in callbacks or ():
+        if type(callback) is _stock_backup_class():
+            settings = {"backup_dir": callback.backup_dir, "save_freq": callback.save_freq,
+                        "delete_checkpoint": callback.delete_checkpoint,
+                        "double_checkpoint": getattr(callback, "double_checkpoint", False)}
+            callback.__class__ = replacement
+            replacement.__init__(callback, **settings)
+
+
+def _patch(name: str) -> Patch:
+    return next(patch for patch in HOOKS if patch.name == name)
+
+
 HOOKS = [
     Patch("dispatch_fit_evaluate_predict", HOOK,
           {Target("Trainer", name): _dispatch(name) for name in ("fit", "evaluate", "predict")},

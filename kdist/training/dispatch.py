@@ -26,7 +26,7 @@ from kdist import model_state as states
 from kdist import replicas, steps
 from kdist.balance import fitting
 from kdist.exchange.phases import PhaseCallback
-from kdist.keras_seam import keras_internals, versions
+from kdist.keras_seam import hook_points, keras_internals, versions
 from kdist.ps import training as ps_training
 from kdist.steps import reading
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server, registry
@@ -57,6 +57,7 @@ def dispatch(name: str, original, arguments):
         if strategy is not None and strategy.num_replicas_in_sync > 1:
             _warn_custom_step_unscaled(model, strategy.num_replicas_in_sync)
         state.fit_input = tuple(arguments.arguments.get(k) for k in FIT_INPUT)
+        hook_points.adopt_stock_backups(arguments.arguments.get("callbacks"))
         added = []
         exchange = states.exchange_of(model)
         if exchange is not None and exchange.has_phases:
