@@ -80,7 +80,7 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind, error, trace):
-        if not issubclass(kind, KeyboardInterrupt):
+        if not issubclass(kind, KeyboardInterrupt) and not _an_extensions_aside(trace):
             try:
                 write(record_of(error))
             except Exception:  # noqa: BLE001 (never hide the program's own exception)
@@ -88,6 +88,13 @@ def install() -> None:
         previous(kind, error, trace)
 
     sys.excepthook = hook
+
+
+def _an_extensions_aside(trace) -> bool:
+    """Cython prints an error it cannot raise (h5py's `__dealloc__` after a failed write) through
+    `sys.excepthook` while the program goes on: not what the task ends on."""
+    frames = traceback.extract_tb(trace) if trace is not None else []
+    return bool(frames) and all(frame.filename.endswith(".pyx") for frame in frames)
 
 
 def write(record: dict) -> None:

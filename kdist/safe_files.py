@@ -76,11 +76,25 @@ def replaced_whole(path: str):
     except BaseException as err:
         _remove(incoming)
         if _disk_full(err):
-            free = shutil.disk_usage(directory).free / 2**20
-            raise OSError(errno.ENOSPC, f"no space left to write {path} ({free:.1f} MiB free on "
-                                        "its disk); what was there is unchanged: free some "
-                                        "space or write elsewhere") from err
+            raise _full(path, directory) from err
         raise
+
+
+def room_for(path: str, nbytes: int) -> None:
+    """Raises the full disk's OSError (naming `path` and the space left) unless the disk that
+    holds `path` (a file, or a folder to write in) has `nbytes` free: checked before a writer
+    that cannot fail cleanly (h5py, which can crash the process at exit after a failed write)
+    starts."""
+    directory = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
+    if os.path.isdir(directory) and shutil.disk_usage(directory).free < nbytes:
+        raise _full(path, directory, f"; it needs about {nbytes / 2**20:.1f} MiB")
+
+
+def _full(path: str, directory: str, need: str = "") -> OSError:
+    free = shutil.disk_usage(directory).free / 2**20
+    return OSError(errno.ENOSPC, f"no space left to write {path} ({free:.1f} MiB free on its "
+                                 f"disk{need}); what was there is unchanged: free some space or "
+                                 "write elsewhere")
 
 
 def _replace(incoming: str, path: str) -> None:

@@ -31,6 +31,29 @@ def test_an_uncaught_exception_leaves_a_record_and_one_line(tmp_path):
     assert saved["traceback"][-1] == "KeyError: 'labels'"
 
 
+CYTHON_ASIDE_THEN_FAILURE = """
+import sys
+import kdist
+try:  # what Cython does with an error its __dealloc__ cannot raise: h5py after a failed write
+    exec(compile("raise RuntimeError('decrement id ref count')", "h5py/_objects.pyx", "exec"))
+except RuntimeError as aside:
+    sys.excepthook(RuntimeError, aside, aside.__traceback__.tb_next)
+raise OSError(28, "no space left to write backup")
+"""
+
+
+def test_an_error_cython_prints_on_the_way_is_not_the_record(tmp_path):
+    record = tmp_path / "record.json"
+    result = subprocess.run([sys.executable, "-c", CYTHON_ASIDE_THEN_FAILURE], cwd=ROOT,
+                            capture_output=True, text=True, timeout=120,
+                            env={**os.environ, **QUIET_TF, failure.FILE_ENV: str(record)})
+    assert result.returncode == 1
+    assert "RuntimeError: decrement id ref count" in result.stderr  # Python still prints it
+    assert [line for line in result.stderr.splitlines() if line.startswith("kdist: task")] == \
+        ["kdist: task local failed: OSError: [Errno 28] no space left to write backup"]
+    assert json.loads(record.read_text())["type"] == "OSError"
+
+
 def test_ctrl_c_leaves_no_record(tmp_path):
     record = tmp_path / "record.json"
     result = subprocess.run([sys.executable, "-c", "import kdist\nraise KeyboardInterrupt"],

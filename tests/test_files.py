@@ -125,3 +125,50 @@ def test_a_full_disk_names_the_path_and_keeps_the_previous_file(small_disk, meth
     assert raised.value.errno == 28 and path in message and "MiB free" in message, message
     assert open(path, "rb").read() == before
     assert os.listdir(small_disk) == [name]
+
+
+BACKUP_ON_A_SMALL_DISK = """
+import sys
+import kdist, keras, numpy as np
+keras.utils.set_random_seed(0)
+with kdist.scope():
+    model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1000), keras.layers.Dense(1)])
+    model.compile("adam", "mse")
+backup = keras.callbacks.BackupAndRestore(sys.argv[1], save_freq=2, delete_checkpoint=False)
+x = np.ones((64, 3), "float32")
+model.fit(x, x[:, :1], batch_size=4, epochs=2, verbose=0, callbacks=[backup])
+"""
+
+
+def test_a_backup_on_a_full_disk_ends_with_the_path_and_keeps_the_last_generation(small_disk):
+    """The first generation fits, the second does not: the task ends with the OSError naming the
+    backup folder and the space left (exit 1, not h5py's crash at exit), and the first generation
+    stays whole."""
+    from conftest import run_python
+    from kdist.fault_tolerance import backup
+
+    folder = str(small_disk / "backup")
+    result = run_python(["-c", BACKUP_ON_A_SMALL_DISK, folder], timeout=120)
+    assert result.returncode == 1, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.startswith("kdist: task")]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"kdist: task local failed: OSError: [Errno 28] no space left to write {folder} ("), lines
+    assert "MiB free on its disk" in lines[0]
+    kept = backup.generations(folder)
+    assert len(kept) == 1 and sorted(os.listdir(kept[0])) == ["manifest.json", "model.weights.h5"]
+    assert sorted(os.listdir(folder)) == [os.path.basename(kept[0])]  # nothing half-written
+
+
+def test_a_disk_that_fills_during_the_write_names_the_path_and_keeps_the_previous_file(small_disk):
+    """What room_for cannot see coming (another writer fills the disk meanwhile)."""
+    from kdist import safe_files
+
+    path = str(small_disk / "data.bin")
+    with open(path, "wb") as f:
+        f.write(b"previous")
+    with pytest.raises(OSError) as raised:
+        with safe_files.replaced_whole(path) as incoming:
+            with open(incoming, "wb") as f:
+                f.write(b"x" * (256 << 10))  # more than the 192 KiB disk
+    assert raised.value.errno == 28 and path in str(raised.value), raised.value
+    assert open(path, "rb").read() == b"previous" and os.listdir(small_disk) == ["data.bin"]

@@ -164,6 +164,7 @@ def write(directory: str, model, metadata: dict, save=None) -> str:
     os.makedirs(directory, exist_ok=True)
     for stale in (n for n in os.listdir(directory) if n.startswith(".incoming-")):
         shutil.rmtree(os.path.join(directory, stale), ignore_errors=True)  # a killed save's
+    safe_files.room_for(directory, saving.bytes_needed(model))
     newest = generations(directory)
     number = int(_GENERATION.search(newest[0]).group(1)) + 1 if newest else 0
     incoming = tempfile.mkdtemp(prefix=".incoming-", dir=directory)

@@ -8,8 +8,9 @@ middle, or a full disk, leaves a truncated file that `load_model` rejects, in pl
 good one. The fix, on Keras's Model so that the user's calls work unchanged:
 
 - the chief (or the only process) writes a new name beside the path and renames it over the path
-  once complete, so the path holds the previous file or the new one, never a part; a full disk
-  names the path and the space left;
+  once complete, so the path holds the previous file or the new one, never a part; a disk
+  without room for it (checked first: h5py can crash the process at exit after a failed
+  write) or one that fills meanwhile names the path and the space left;
 - every other worker makes the same save (a collective inside it, such as a compressor's state,
   still matches on all workers) into a private temporary directory, deleted right after.
 
@@ -44,6 +45,22 @@ def as_given():
         _AS_GIVEN.reset(token)
 
 
+def bytes_needed(model) -> int:
+    """About what a save of `model` takes on disk: its variables, the optimizer's included, and
+    a margin for the file's structure and configuration."""
+    import numpy as np
+
+    total = 0
+    variables = [*model.weights, *getattr(getattr(model, "optimizer", None), "variables", [])]
+    for variable in variables:
+        try:
+            size = np.dtype(str(variable.dtype)).itemsize
+        except TypeError:  # bfloat16 and other types NumPy does not name
+            size = 4
+        total += int(np.prod(variable.shape)) * size
+    return int(total * 1.1) + (64 << 10)
+
+
 def _local_path(filepath) -> str | None:
     if not isinstance(filepath, (str, os.PathLike)):
         return None
@@ -76,6 +93,7 @@ def _written_once(original):
                 shutil.rmtree(temp, ignore_errors=True)
         if not _whole(path, args, kwargs, method_name):
             return original(self, filepath, *args, **kwargs)
+        safe_files.room_for(path, bytes_needed(self))
         with safe_files.replaced_whole(path) as incoming:
             return original(self, incoming, *args, **kwargs)
 
