@@ -28,14 +28,14 @@ def shared_folder(tmp_path_factory):
                         os.path.abspath("tests/programs/files_job.py"), str(folder)], timeout=270,
                        env={"TMPDIR": str(temp)})
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-3000:]
-    return folder, temp
+    return folder, temp, result.stdout
 
 
 def test_two_workers_write_every_file_once_and_whole(shared_folder):
     """model.save, save_weights and export called on both workers (as users write them), with
     ModelCheckpoint (save_best_only to a relative .weights.h5), CSVLogger and TensorBoard: the
     chief's files load and predict what the model predicts; nothing else is left."""
-    folder, temp = shared_folder
+    folder, temp, _ = shared_folder
     report = json.loads((folder / "worker-0.json").read_text())
     assert sorted(os.listdir(folder)) == sorted(WRITTEN + ["worker-0.json", "worker-1.json"])
     for name, predicted in report["loaded"].items():
@@ -46,6 +46,10 @@ def test_two_workers_write_every_file_once_and_whole(shared_folder):
     for run in ("train", "validation"):
         assert len(os.listdir(folder / "tensorboard" / run)) == 1  # one writer
     assert os.listdir(temp) == []  # the other worker's private copies are gone
+
+
+def test_fit_verbose_0_keeps_kdists_epoch_report_quiet(shared_folder):
+    assert "kdist: epoch" not in shared_folder[2], shared_folder[2][-3000:]
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,12 @@ training, begins to end):
     kdist:   worker:1 input 16.5 ms, compute 94.6 ms, all-reduce 80.4 ms, step 214.4 ms
     kdist:   worker:0 input 19.8 ms, compute 12.9 ms, all-reduce 143.0 ms, step 211.6 ms
 
-The user's logs (History, the progress bar, CSVLogger, TensorBoard) get nothing; the last epoch's
-`Stragglers` stay on the callback (`StepWatch.last`).
+When no worker's compute stands out (within 25% or 1 ms of the fastest's), one line says so:
+
+    kdist: epoch 3: no straggler (compute 12.1-12.9 ms, step 40.2 ms)
+
+`fit(verbose=0)` silences them. The user's logs (History, the progress bar, CSVLogger,
+TensorBoard) get nothing; the last epoch's `Stragglers` stay on the callback (`StepWatch.last`).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from kdist.steps.watchdog import CoordinationStore, Watchdog
 
 logger = logging.getLogger("kdist")
 SPLIT = ("input", "compute", "comm", "step")
+EVEN_RATIO, EVEN_SECONDS = 1.25, 1e-3  # a slowest worker's compute closer to the fastest's: even
 
 
 class StepWatch(keras.callbacks.Callback):
@@ -69,7 +74,7 @@ class StepWatch(keras.callbacks.Callback):
             return
         figures = self._gathered([medians.get(key, math.nan) for key in SPLIT])
         self.last = Stragglers(epoch, self.tasks, figures)
-        if self.task == self.tasks[0]:
+        if self.task == self.tasks[0] and self.params.get("verbose", 1) != 0:
             self._unsaid = self.last.lines()
 
     def _say(self) -> None:
@@ -127,7 +132,18 @@ class Stragglers:
             if compute[self.fastest] > 0 else math.inf
 
     def lines(self) -> list[str]:
-        """A headline, then the slowest and the fastest worker's split."""
+        """A headline, then the slowest and the fastest worker's split; one line when no worker
+        stands out.
+
+        >>> print(*Stragglers(2, ["worker:0", "worker:1"], [[0.004, 0.0001, 0.002, 0.0121],
+        ...                                                 [0.004, 0.0002, 0.003, 0.0124]]).lines())
+        kdist: epoch 3: no straggler (compute 0.1-0.2 ms, step 12.4 ms)
+        """
+        compute = [f[1] for f in self.figures]
+        if self.ratio < EVEN_RATIO or compute[self.slowest] - compute[self.fastest] < EVEN_SECONDS:
+            return [f"kdist: epoch {self.epoch + 1}: no straggler (compute "
+                    f"{compute[self.fastest] * 1e3:.1f}-{compute[self.slowest] * 1e3:.1f} ms, "
+                    f"step {max(f[3] for f in self.figures) * 1e3:.1f} ms)"]
         head = (f"kdist: epoch {self.epoch + 1}: slowest {self.tasks[self.slowest]}, its compute "
                 f"{self.ratio:.2f}x the fastest's ({self.tasks[self.fastest]})")
         return [head] + [f"kdist:   {self.tasks[k]} input {f[0] * 1e3:.1f} ms, compute "
