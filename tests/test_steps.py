@@ -84,3 +84,26 @@ def test_a_silent_or_earlier_worker_is_behind():
             "worker:1": (1.0, "step 20: computing for 9 s"),
             "worker:2": (30.0, "step 20: in the gradient all-reduce for 30 s")}
     assert watchdog._behind(seen) == ["worker:1", "worker:2"]
+
+
+def test_the_step_clock_stays_flat_over_a_long_run():
+    """A long run (here 20,000 steps after a window's worth) keeps only the last steps' times:
+    the clock's memory does not grow with the steps, and its medians still come."""
+    import tracemalloc
+
+    from kdist.steps.clock import WINDOW, StepClock
+
+    clock = StepClock()
+    for _ in range(WINDOW + 10):
+        clock.begin()
+        clock.end()
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(20_000):
+        clock.begin()
+        clock.end()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert grown < 64 << 10, grown  # 20,000 kept steps would take over 1 MB
+    assert clock.median_step() is not None and clock.steps == WINDOW + 20_010
+    assert set(clock.epoch_medians(skip=1)) == {"step"}

@@ -30,6 +30,7 @@ each reading is the last replica's to write. `kdist.balance`'s measurement reads
 
 from __future__ import annotations
 
+import collections
 import statistics
 import threading
 import time
@@ -38,6 +39,7 @@ from kdist import global_state
 
 MARKS = ("input", "gradients", "summed")
 FIRST_SAMPLED, SAMPLE_EVERY = 4, 8  # steps whose split is read: see StepClock._sampled
+WINDOW = 2048  # the last steps whose times are kept (medians; a long run stays flat in memory)
 
 
 def stamps():
@@ -96,8 +98,9 @@ class StepClock:
         self.begun = None  # time.time() when the running step began (None: between steps)
         self.last_end = None  # time.monotonic() of the last completed step
         self.since = time.monotonic()  # when the current state began
-        self._epoch: list[dict] = []
-        self._durations: list[float] = []  # every completed step's seconds this fit
+        self._epoch: collections.deque = collections.deque(maxlen=WINDOW)
+        self._epoch_steps = 0  # the epoch's steps, also those no longer in the window
+        self._durations: collections.deque = collections.deque(maxlen=WINDOW)  # steps' seconds
 
     def begin(self) -> None:
         with self._lock:
@@ -114,6 +117,7 @@ class StepClock:
                              compute=marks["gradients"] - marks["input"],
                              comm=marks["summed"] - marks["gradients"])
             self._epoch.append(split)
+            self._epoch_steps += 1
             self._durations.append(split["step"])
             self.steps += 1
             self.step += 1
@@ -123,7 +127,7 @@ class StepClock:
     def _sampled(self) -> bool:
         """Whether this step's in-step readings are read (a variable read costs about as much
         as the readings themselves): the first steps of each epoch, then every `SAMPLE_EVERY`."""
-        return len(self._epoch) < FIRST_SAMPLED or self.step % SAMPLE_EVERY == 0
+        return self._epoch_steps < FIRST_SAMPLED or self.step % SAMPLE_EVERY == 0
 
     def _marks(self) -> dict:
         if self._variable is None:
@@ -155,10 +159,15 @@ class StepClock:
             return statistics.median(self._durations) if self._durations else None
 
     def epoch_medians(self, skip: int = 0) -> dict:
-        """Median seconds of this epoch's steps (after the first `skip`): step, and input,
-        compute and comm where the step was timed inside; then a new epoch starts."""
+        """Median seconds of this epoch's last `WINDOW` steps (after the first `skip`, where
+        they are among them): step, and input, compute and comm where the step was timed inside;
+        then a new epoch starts."""
         with self._lock:
-            steps, self._epoch = self._epoch[skip:] or self._epoch, []
+            steps = list(self._epoch)
+            if self._epoch_steps == len(steps):
+                steps = steps[skip:] or steps
+            self._epoch.clear()
+            self._epoch_steps = 0
         return {key: statistics.median(s[key] for s in steps if key in s)
                 for key in ("step", "input", "compute", "comm")
                 if any(key in s for s in steps)}
