@@ -48,10 +48,12 @@ class Check:
     status: str
     detail: str
     fix: str | None = None
+    details: tuple[str, ...] = ()  # shown by `kdist doctor --verbose` (and in --json)
 
-    def line(self) -> str:
+    def line(self, verbose: bool = False) -> str:
         return f"{self.status:8s} {self.name}: {self.detail}" + (
-            f" Fix: {self.fix}" if self.fix else "")
+            f" Fix: {self.fix}" if self.fix else "") + "".join(
+            f"\n  {line}" for line in (self.details if verbose else ()))
 
 
 def cluster_checks(probe: bool = True) -> list[Check]:
@@ -116,11 +118,24 @@ def stack_checks(tf_logs: bool = False) -> list[Check]:
     checks = [Check("versions", OK if supported else PROBLEM, lines[0] + "; " + lines[2].removeprefix(
         "verdict: "), None if supported else "install a TensorFlow/Keras in " + lines[1]
         .removeprefix("supported: "))]
-    checks.append(Check("workarounds", OK, lines[3] + "\n" + "\n".join(lines[4:-1])))
+    checks.append(workarounds_check(lines[4:-1]))
     import tensorflow as tf  # already initialised by the report: the devices are listed
 
     checks.append(gpu_check(lines[-1], len(tf.config.list_physical_devices("GPU"))))
     return checks + keras_distribution_checks()
+
+
+def workarounds_check(patches: list[str]) -> Check:
+    """One line of counts; each patch and why on the lines `--verbose` shows."""
+    statuses = [line.split(None, 1)[1] for line in patches]
+    counted = {kind: sum(status.startswith(start) for status in statuses) for kind, start in (
+        ("fixes", "installs (fix"), ("hooks", "installs (hook"), ("not needed", "not needed"),
+        ("skipped", "skipped"))}
+    detail = (f"kdist.scope() installs {counted['fixes']} fixes of upstream bugs and "
+              f"{counted['hooks']} hooks here; {counted['not needed']} fixes are not needed on "
+              f"this stack" + (f", {counted['skipped']} skipped" if counted["skipped"] else "")
+              + " (`kdist doctor --verbose` lists them)")
+    return Check("workarounds", OK, detail, details=tuple(line.strip() for line in patches))
 
 
 def keras_distribution_checks() -> list[Check]:

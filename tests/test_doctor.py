@@ -95,3 +95,14 @@ def test_keras_and_keras_nightly_both_installed_is_a_warning(tmp_path):
     assert code == 0 and checks["keras"]["status"] == "warning"
     assert "are installed; they write the same package" in checks["keras"]["detail"]
     assert "3.99.0" in checks["keras"]["detail"]
+
+
+def test_a_healthy_machine_gets_one_line_of_workarounds_and_the_list_with_verbose():
+    short = run_kdist(["doctor"], timeout=120)
+    long = run_kdist(["doctor", "--verbose"], timeout=120)
+    assert short.returncode == long.returncode == 0, short.stdout + short.stderr
+    line = next(line for line in short.stdout.splitlines() if " workarounds: " in line)
+    assert "fixes of upstream bugs and" in line and "`kdist doctor --verbose` lists them" in line
+    assert "model_files_written_once" not in short.stdout
+    assert len(short.stdout.splitlines()) <= 8, short.stdout
+    assert "  model_files_written_once " in long.stdout and "  gradient_exchange " in long.stdout

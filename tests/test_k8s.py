@@ -78,6 +78,9 @@ def test_kdist_exec_sets_tf_config_and_runs_the_command():
                            "--namespace", "ml"], timeout=60)
     assert json.loads(tf_config.stdout) == {"cluster": PS_CLUSTER,
                                             "task": {"type": "ps", "index": 1}}
+    # the names come from Kubernetes: said on stderr, with what to do on other machines
+    assert "lists roles, not addresses: these are the pods' names" in tf_config.stderr
+    assert "pass --host-pattern" in tf_config.stderr and "kdist launch --spec" in tf_config.stderr
 
 
 def test_network_policy_admits_grpc_and_the_ring_only_from_the_jobs_own_pods():

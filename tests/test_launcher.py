@@ -425,6 +425,16 @@ def test_evaluator_gets_its_own_task_next_to_the_training_cluster(tmp_path):
 
 
 # ------------------------------------------------------------------ the summary (issue 40)
+def test_a_missing_script_is_named_not_called_a_bad_flag(tmp_path):
+    missing = tmp_path / "no_such_train.py"
+    result = run_kdist(["launch", "--workers", "2", "--timeout", "60", "--", sys.executable,
+                        str(missing)], timeout=90)
+    assert result.returncode == 2, result.stdout
+    first = next(line for line in result.stdout.splitlines() if "first failure:" in line)
+    assert "exit code 2, a usage error: " in first and "can't open file" in first and \
+        str(missing) in first and "a bad flag" not in first, first
+
+
 def test_the_first_failure_is_named_with_its_exception_time_and_last_lines(tmp_path):
     summary = tmp_path / "summary.json"
     result = launch(tmp_path, ["--workers", "3"], "worker:1=raise", "*=sleep",

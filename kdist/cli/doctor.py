@@ -15,6 +15,8 @@ def add(commands) -> None:
     doctor.set_defaults(run=run)
     doctor.add_argument("--spec", default=None, help="also validate this cluster-spec file")
     doctor.add_argument("--json", action="store_true", help="print the checks as JSON")
+    doctor.add_argument("--verbose", action="store_true",
+                        help="also list each check's details (every patch kdist installs, and why)")
     doctor.add_argument("--tf-logs", action="store_true",
                         help="keep TensorFlow's C++ start-up logging (left out by default)")
 
@@ -31,6 +33,6 @@ def run(args) -> int:
         print(json.dumps({"checks": [dataclasses.asdict(c) for c in checks],
                           "problems": len(problems)}, indent=1))
     else:
-        print("\n".join(c.line() for c in checks))
+        print("\n".join(c.line(args.verbose) for c in checks))
         print(f"{len(problems)} problem(s)" if problems else "no problems found")
     return 1 if problems else 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from kdist.cli import parsing
 from kdist.cluster.spec import ClusterSpecError
 
@@ -44,6 +46,11 @@ def run(args) -> int:
                                    '{"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]}}), '
                                    "or pass --host-pattern")
         spec = read_k8s_spec(args.spec, local_host_allowed=True)
+        if args.host_pattern is None:
+            print(f"kdist: {args.spec} lists roles, not addresses: these are the pods' names as "
+                  "`kdist k8s render` deploys them; on other machines pass --host-pattern, and "
+                  f"on this one run `kdist launch --spec {args.spec} -- python train.py`",
+                  file=sys.stderr)
         cluster = render.kubernetes_cluster(spec, args.namespace or "default",
                                             args.host_pattern or render.HOST_PATTERN)
     print(cluster.tf_config_json(*parsing.task(args.task)))

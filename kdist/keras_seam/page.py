@@ -27,7 +27,7 @@ installs only on the Keras and TensorFlow versions it was written for; its regre
 bug upstream. A **hook** is a point where a kdist feature plugs in; it calls kdist's `Hooks` and leaves
 objects kdist is not responsible for to Keras. Targets name Keras classes by role: `Trainer` is
 `TensorFlowTrainer` before Keras 3.16 and `Trainer` from 3.16, `BaseTrainer` is `Trainer` before 3.16
-(`kdist.keras_seam.classes`). `kdist doctor` shows which install on the running stack.
+(`kdist.keras_seam.classes`). `kdist doctor --verbose` shows which install on the running stack.
 
 Tested range: {keras}, {tf}.
 """

@@ -75,6 +75,9 @@ class TaskEnd:
                                 or headline(self.failure["type"], self.failure["message"]))
         if self.stopped_by is not None:
             return f"stopped by kdist because {self.stopped_by}"
+        said = [line.strip() for line in self.last_lines if line.strip()]
+        if self.exit_code == exit_codes.USAGE and said:  # Python's or the script's own words
+            return f"exit code 2, a usage error: {said[-1]}"
         return "succeeded" if self.exit_code == 0 else describe(self.exit_code, oom_kills)
 
 
