@@ -113,7 +113,7 @@ def spec_checks(path: str) -> list[Check]:
 def stack_checks(tf_logs: bool = False) -> list[Check]:
     """TensorFlow/Keras versions and kdist's workarounds, then the GPU stack; TensorFlow's C++
     start-up logging is left out unless `tf_logs`."""
-    with _without_tf_logs(enabled=not tf_logs):
+    with without_tf_logs(enabled=not tf_logs):
         lines, supported = report()
     checks = [Check("versions", OK if supported else PROBLEM, lines[0] + "; " + lines[2].removeprefix(
         "verdict: "), None if supported else "install a TensorFlow/Keras in " + lines[1]
@@ -159,7 +159,7 @@ def keras_distribution_checks() -> list[Check]:
 
 
 @contextlib.contextmanager
-def _without_tf_logs(enabled: bool):
+def without_tf_logs(enabled: bool):
     """Runs the block with file descriptor 2 in a file, then writes back what is not TensorFlow's
     C++ start-up logging (which bypasses Python's sys.stderr and TF_CPP_MIN_LOG_LEVEL)."""
     if not enabled:

@@ -14,7 +14,11 @@ def add(commands) -> None:
     plan = commands.add_parser(
         "plan", help="predict step time, throughput and scaling efficiency from t1 (compute, "
                      "measured here) and t2 (communication: gradient bytes over the network); "
-                     "recommend a batch size")
+                     "recommend a batch size",
+        description="Measures t1 (compute) of your model here at a few batch sizes, models t2 "
+                    "(communication) for the cluster you describe, and recommends a batch.",
+        epilog="example: kdist plan --model examples/plan_model.py:mlp --per-replica-batch 64 "
+               "--replicas 8 --bandwidth 10Gbit --host-cost 0")
     plan.set_defaults(run=run)
     plan.add_argument("--model", required=True,
                       help="module:function or file.py:function returning a Keras model")
@@ -49,8 +53,14 @@ def add(commands) -> None:
 def run(args) -> int:
     import json
 
-    from kdist import planner
+    from kdist.doctor import without_tf_logs
 
+    with without_tf_logs(enabled=True):  # TensorFlow's C++ banner is not the plan's
+        import tensorflow as tf
+
+        from kdist import planner
+
+        tf.config.list_logical_devices()  # the runtime starts (and logs) here
     parsing.output_file(args.plot, "--plot")
     bandwidth, latency = planner.parse_bandwidth(args.bandwidth), planner.parse_latency(args.latency)
     compressor = planner.parse_compression(args.compression)

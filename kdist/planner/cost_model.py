@@ -14,6 +14,8 @@ import math
 
 NEAR_BEST = 0.9  # a recommended batch's throughput is at least this share of the best measured
 
+NOISY_SPREAD = 0.5  # a t1 whose measurements vary more than this is too noisy to act on
+
 
 def gradient_bytes(model) -> int:
     return sum(4 * math.prod(v.shape) for v in model.trainable_variables)
@@ -107,7 +109,8 @@ class Plan:
         return why
 
     def warnings(self) -> list[str]:
-        """Measurements to distrust: a t1 that falls as the batch grows (beyond the spread)."""
+        """Measurements to distrust: a t1 that falls as the batch grows (beyond the spread), and a
+        recommended batch whose t1 varied more than `NOISY_SPREAD`."""
         found = []
         for smaller, larger in zip(self.estimates, self.estimates[1:]):
             if larger.t1 * (1 + max(smaller.spread, larger.spread)) < smaller.t1:
@@ -115,6 +118,12 @@ class Plan:
                              f"{smaller.per_replica_batch} to {larger.t1 * 1e3:.2f} ms at "
                              f"{larger.per_replica_batch}: the smaller batch's timing is noise or a "
                              "per-step cost (re-run on an idle machine; trust the larger batches)")
+        chosen = self.recommended
+        if chosen.spread > NOISY_SPREAD:
+            found.append(f"t1 at the recommended batch {chosen.per_replica_batch} varied by "
+                         f"{chosen.spread:.0%} between its measurements: the machine was busy, so "
+                         "the recommendation may not hold; re-run on an idle machine before you "
+                         "change the batch")
         return found
 
     def learning_rate_advice(self, base_batch: int) -> str:
