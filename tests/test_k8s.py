@@ -30,8 +30,8 @@ def rendered(path, fmt="jobs", namespace="ml"):
 @pytest.mark.parametrize("path", PRESETS)
 def test_jobs_manifests_validate_against_the_kubernetes_schemas(path):
     documents = rendered(path)
-    assert [d["kind"] for d in documents][:2] == ["Secret", "Service"]
-    assert {d["kind"] for d in documents} == {"Secret", "Service", "Job", "NetworkPolicy"}
+    assert [d["kind"] for d in documents][:1] == ["Service"]
+    assert {d["kind"] for d in documents} == {"Service", "Job", "NetworkPolicy"}
     for document in documents:
         for version in KUBERNETES_VERSIONS:
             kubernetes_validate.validate(document, version, strict=True)
@@ -94,8 +94,7 @@ def test_network_policy_admits_grpc_and_the_ring_only_from_the_jobs_own_pods():
 
 @pytest.mark.parametrize("path", PRESETS)
 def test_tfjob_uses_chief_never_master_and_a_tensorflow_container(path):
-    secret, tfjob, policy = rendered(path, fmt="tfjob")
-    assert secret["kind"] == "Secret"
+    tfjob, policy = rendered(path, fmt="tfjob")
     assert tfjob["apiVersion"] == "kubeflow.org/v1" and tfjob["kind"] == "TFJob"
     replicas = tfjob["spec"]["tfReplicaSpecs"]
     assert "Master" not in replicas and set(replicas) <= {"Chief", "Worker", "PS", "Evaluator"}
@@ -142,7 +141,7 @@ def test_evaluator_pod_gets_the_training_cluster_and_its_own_task(tmp_path):
     tf_config = json.loads(pod.tf_config({**env, "JOB_COMPLETION_INDEX": "0"}))
     assert tf_config["task"] == {"type": "evaluator", "index": 0}
     assert set(tf_config["cluster"]) == {"chief", "worker"}  # nobody connects to the evaluator
-    tfjob = rendered(str(path), fmt="tfjob")[1]
+    tfjob = rendered(str(path), fmt="tfjob")[0]
     assert tfjob["spec"]["tfReplicaSpecs"]["Evaluator"]["replicas"] == 1
 
 
@@ -260,7 +259,7 @@ def test_the_gpu_preset_puts_its_pod_keys_in_every_pod_of_every_format():
                                                r"pod template.*Fix: use --format jobset"):
         render.render(spec, ["python", "train.py"], fmt="trainjob")
     only_env = dataclasses.replace(spec, pod_keys={"env": {"DATA_DIR": "/data"}})
-    runtime, train_job = render.render(only_env, ["python", "train.py"], fmt="trainjob")[1:3]
+    runtime, train_job = render.render(only_env, ["python", "train.py"], fmt="trainjob")[0:2]
     assert {"name": "DATA_DIR", "value": "/data"} in train_job["spec"]["trainer"]["env"]
     assert "DATA_DIR" not in json.dumps(runtime)
 
@@ -287,3 +286,15 @@ def test_bad_pod_keys_name_the_field_and_the_fix(tmp_path, content, words):
     with pytest.raises(ClusterSpecError) as error:
         read_k8s_spec(str(path))
     assert words in str(error.value) and ". Fix: " in str(error.value)
+
+
+def test_renders_of_the_same_inputs_are_identical_and_say_how_to_create_the_secret():
+    """No Secret in the rendered files (so they can be committed and diffed); the pods read it
+    by name, and the command that creates it once is printed on stderr."""
+    runs = [run_kdist(["k8s", "render", "--spec", "cluster_specs/k8s-mwms.yaml", "--namespace",
+                       "ml", "--image", "registry/train:1"], timeout=60) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert "kind: Secret" not in runs[0].stdout and "secretKeyRef" in runs[0].stdout
+    assert "kubectl create secret generic mnist-mwms-kdist --namespace ml " \
+        "--from-literal=job-secret=" in runs[0].stderr

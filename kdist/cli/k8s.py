@@ -43,7 +43,7 @@ def add(commands) -> None:
 
 def run(args) -> int:
     from kdist.cluster.spec_file import read_k8s_spec
-    from kdist.k8s import render
+    from kdist.k8s import render, security
     from kdist.launch import check_program
 
     spec = read_k8s_spec(args.spec)
@@ -59,4 +59,8 @@ def run(args) -> int:
         parsing.write(args.output, manifests, "--output")
     else:
         sys.stdout.write(manifests)
+    print(f"kdist: the pods read the job's secret from the Secret {security.secret_name(spec)}, "
+          "which is not rendered (so renders are identical and hold no secret); create it once "
+          f"in the namespace: {security.create_secret_command(spec, args.namespace)}",
+          file=sys.stderr)
     return 0

@@ -12,8 +12,10 @@ computes the whole cluster at render time and each pod derives its own TF_CONFIG
 is named `tensorflow`; the operator writes TF_CONFIG).
 
 Each comes with a NetworkPolicy that admits the gRPC port (and kdist's TCP ring's, the next one)
-only from the job's own pods: TensorFlow's runtime is unauthenticated; and a Secret whose value
-every member of the TCP ring proves (`kdist.exchange.ring`). Every pod runs as the Pod Security Standards' `restricted` profile
+only from the job's own pods: TensorFlow's runtime is unauthenticated. Every pod reads the job's
+secret, which every member of the TCP ring proves (`kdist.exchange.ring`), from a Secret that is
+not rendered (renders of the same inputs are identical and hold no secret): it is created once
+(`kdist.k8s.security.create_secret_command`). Every pod runs as the Pod Security Standards' `restricted` profile
 requires (`kdist.k8s.security`), unless the spec says its image must run as root. ps and worker pods finish when the chief does (`kdist.serve()`). With
 restart_policy Never, each Job's podFailurePolicy replaces evicted pods and pods that exited with
 75 (checkpoint saved on SIGTERM) without spending the backoffLimit, which counts real failures, and
@@ -107,7 +109,7 @@ def render(spec: KubernetesSpec, command: list[str], namespace: str = "default",
     else:  # the TrainJob's pods carry JobSet's labels, not kdist's (the runtime is shared)
         documents = jobset.trainjob(spec, command, image, namespace)
         labels = {"jobset.sigs.k8s.io/jobset-name": spec.name}
-    return [security.secret(spec, namespace), *documents, _network_policy(spec, namespace, labels)]
+    return [*documents, _network_policy(spec, namespace, labels)]
 
 
 def _container(spec, role, image, command, env):

@@ -61,15 +61,10 @@ def secret_name(spec) -> str:
     return f"{spec.name}-kdist"
 
 
-def secret(spec, namespace: str) -> dict:
-    """The job's Secret, with a fresh random value: the rendered file is then as sensitive as
-    the Secret (create the Secret yourself and leave this document out, if you prefer)."""
-    import secrets
-
-    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
-            "metadata": {"name": secret_name(spec), "namespace": namespace,
-                         "labels": {"kdist.dev/job": spec.name}},
-            "stringData": {SECRET_KEY: secrets.token_hex(16)}}
+def create_secret_command(spec, namespace: str) -> str:
+    """The command that creates the job's Secret once, with a random value, in `namespace`."""
+    return (f"kubectl create secret generic {secret_name(spec)} --namespace {namespace} "
+            f"--from-literal={SECRET_KEY}=\"$(openssl rand -hex 16)\"")
 
 
 def ring_env(spec) -> list[dict]:
