@@ -98,15 +98,30 @@ def _full(path: str, directory: str, need: str = "") -> OSError:
 
 
 def _replace(incoming: str, path: str) -> None:
-    if os.path.isdir(incoming) and os.path.isdir(path) and not os.path.islink(path):
-        aside = f"{incoming}-replaced"
-        os.rename(path, aside)  # a folder cannot be renamed over a folder that is not empty
-        os.rename(incoming, path)
-        shutil.rmtree(aside, ignore_errors=True)
+    """Renames `incoming` over `path`. A file replaces a file in one step; a folder cannot be
+    renamed over a folder that is not empty, so that one is moved aside first, and again if
+    another writer (a worker saving the same path at once) put its own there meanwhile."""
+    if not os.path.isdir(incoming):
+        os.replace(incoming, path)
         return
-    if os.path.isdir(incoming) and os.path.lexists(path):
-        os.unlink(path)  # a file or a link where the folder goes
-    os.replace(incoming, path)
+    for _ in range(16):
+        try:
+            os.rename(incoming, path)
+            return
+        except OSError as err:
+            if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR):
+                raise
+        aside = f"{incoming}-replaced"
+        try:
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rename(path, aside)
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                os.unlink(path)  # a file or a link where the folder goes
+        except FileNotFoundError:
+            pass  # another writer moved it first
+    raise OSError(errno.EBUSY, f"{path} kept changing while kdist replaced it: more writers "
+                               "than expected save to it at once")
 
 
 def _remove(path: str) -> None:

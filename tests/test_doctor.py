@@ -103,6 +103,6 @@ def test_a_healthy_machine_gets_one_line_of_workarounds_and_the_list_with_verbos
     assert short.returncode == long.returncode == 0, short.stdout + short.stderr
     line = next(line for line in short.stdout.splitlines() if " workarounds: " in line)
     assert "fixes of upstream bugs and" in line and "`kdist doctor --verbose` lists them" in line
-    assert "model_files_written_once" not in short.stdout
+    assert "model_files_written_whole" not in short.stdout
     assert len(short.stdout.splitlines()) <= 8, short.stdout
-    assert "  model_files_written_once " in long.stdout and "  gradient_exchange " in long.stdout
+    assert "  model_files_written_whole " in long.stdout and "  gradient_exchange " in long.stdout

@@ -1,5 +1,6 @@
-"""Every file a user's program writes is written once and whole: by 2 real workers sharing one
-folder (tests/programs/files_job.py), after a save that fails midway, and on a full disk."""
+"""Every file a user's program writes is whole, and no two writers collide on a path: 2 real
+workers sharing one folder (tests/programs/files_job.py), a save that fails midway, a full
+disk."""
 
 import gc
 import json
@@ -17,7 +18,8 @@ from kdist.keras_seam import patches
 pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 WRITTEN = ["best.weights.h5", "epoch-1.keras", "epoch-2.keras", "epoch-3.keras", "exported",
-           "log.csv", "model.keras", "model.weights.h5", "tensorboard"]
+           "log.csv", "model.keras", "model.weights.h5", "tensorboard", "worker-0.weights.h5",
+           "worker-1.weights.h5"]
 
 
 @pytest.fixture(scope="module")
@@ -32,9 +34,10 @@ def shared_folder(tmp_path_factory):
 
 
 def test_two_workers_write_every_file_once_and_whole(shared_folder):
-    """model.save, save_weights and export called on both workers (as users write them), with
-    ModelCheckpoint (save_best_only to a relative .weights.h5), CSVLogger and TensorBoard: the
-    chief's files load and predict what the model predicts; nothing else is left."""
+    """model.save, save_weights and export called on both workers into one path (as users write
+    them), with ModelCheckpoint (save_best_only to a relative .weights.h5), CSVLogger and
+    TensorBoard: each file is whole and predicts what the model predicts; each worker's own path
+    (tf-keras's pattern) is written and reads back on that worker; nothing else is left."""
     folder, temp, _ = shared_folder
     report = json.loads((folder / "worker-0.json").read_text())
     assert sorted(os.listdir(folder)) == sorted(WRITTEN + ["worker-0.json", "worker-1.json"])
@@ -42,6 +45,9 @@ def test_two_workers_write_every_file_once_and_whole(shared_folder):
         np.testing.assert_allclose(predicted, report["expected"], rtol=1e-6, err_msg=name)
     assert sorted(report["loaded"]) == ["best.weights.h5", "exported", "model.keras",
                                         "model.weights.h5"]
+    for task in ("worker-0", "worker-1"):
+        own = json.loads((folder / f"{task}.json").read_text())
+        np.testing.assert_allclose(own["own_path"], own["expected"], rtol=1e-6, err_msg=task)
     assert report["csv_lines"][0] == "epoch,loss,val_loss" and len(report["csv_lines"]) == 4
     for run in ("train", "validation"):
         assert len(os.listdir(folder / "tensorboard" / run)) == 1  # one writer
@@ -89,7 +95,7 @@ def test_a_save_that_fails_midway_leaves_the_previous_file(tmp_path):
 def test_upstream_a_save_that_fails_midway_leaves_a_broken_file(tmp_path):
     """Regression evidence: without kdist's fix, Keras writes the user's path directly."""
     path = str(tmp_path / "model.keras")
-    fix = patches.patch("model_files_written_once")
+    fix = patches.patch("model_files_written_whole")
     fix.uninstall()
     try:
         broken_save_over(path)

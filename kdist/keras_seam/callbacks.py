@@ -46,8 +46,7 @@ def is_chief(callback, model=None) -> bool:
     return cluster_of_model(model or callback.model).is_chief
 
 
-def worker_temp_dir(callback, suffix: str = "", model=None) -> str:
-    """A new private temporary directory named after this task (the chief never needs one)."""
+def _worker_temp_dir(callback, suffix: str = "", model=None) -> str:
     spec = cluster_of_model(model or callback.model)
     return tempfile.mkdtemp(prefix=f"kdist-workertemp-{spec.task_type}-{spec.task_index}-{suffix}")
 
@@ -60,7 +59,7 @@ def private_paths(callback, root: str, attributes: tuple[str, ...]):
     if is_chief(callback):
         yield root
         return
-    temp = worker_temp_dir(callback)
+    temp = _worker_temp_dir(callback)
     saved = {name: getattr(callback, name) for name in attributes if hasattr(callback, name)}
     try:
         for name, path in saved.items():
@@ -121,7 +120,7 @@ def _redirected(attribute: str, suffix: str):
                 return original(self, *args, **kwargs)
             user_path = getattr(self, attribute)
             if not getattr(self, "_kdist_temp_dir", None):  # one per training, reused by evaluate
-                self._kdist_temp_dir = worker_temp_dir(self, suffix, model)
+                self._kdist_temp_dir = _worker_temp_dir(self, suffix, model)
             setattr(self, attribute, os.path.join(self._kdist_temp_dir,
                                                   os.path.basename(user_path) or "log"))
             try:

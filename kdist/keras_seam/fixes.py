@@ -403,12 +403,12 @@ FIXES = [
           upstream="none filed (tf-keras had it); see kdist/keras_seam/callbacks.py",
           why="ModelCheckpoint, BackupAndRestore, TensorBoard and CSVLogger write from every "
               "worker to the same path (HDF5 lock errors, truncated files, interleaved logs)"),
-    Patch("model_files_written_once", FIX, MODEL_FILES,
+    Patch("model_files_written_whole", FIX, MODEL_FILES,
           upstream="none filed (tf-keras's guide had users pick paths per worker); see "
                    "kdist/keras_seam/saving.py",
-          why="model.save, save_weights and export from every worker write the same path (HDF5 "
-              "lock errors, files written over each other), and a crash or a full disk leaves a "
-              "truncated file in place of the last good one"),
+          why="model.save, save_weights and export from several workers at once collide on one "
+              "path (HDF5 lock errors, files written over each other), and a crash or a full "
+              "disk leaves a truncated file in place of the last good one"),
     Patch("batch_norm_statistics_averaged", FIX,
           {Target("BatchNormalization", "build"): one_device._statistics_averaged},
           upstream="none filed for Keras 3 (tf.keras 2 created them with aggregation MEAN); "

@@ -1,18 +1,17 @@
-"""The files a model writes itself (`save`, `save_weights`, `export`): written once, whole.
+"""The files a model writes itself (`save`, `save_weights`, `export`): written whole, from
+any number of workers at once.
 
 Every worker of a MultiWorkerMirrored program runs the user's `model.save_weights("m.weights.h5")`.
-Without kdist both write the same path: HDF5 refuses the second ("unable to lock file") and
-that worker dies, a `.keras` file or a SavedModel is written twice over itself (no upstream
-report found; tf-keras's guide told users to pick the paths by hand). A process killed in the
-middle, or a full disk, leaves a truncated file that `load_model` rejects, in place of the last
-good one. The fix, on Keras's Model so that the user's calls work unchanged:
-
-- the chief (or the only process) writes a new name beside the path and renames it over the path
-  once complete, so the path holds the previous file or the new one, never a part; a disk
-  without room for it (checked first: h5py can crash the process at exit after a failed
-  write) or one that fills meanwhile names the path and the space left;
-- every other worker makes the same save (a collective inside it, such as a compressor's state,
-  still matches on all workers) into a private temporary directory, deleted right after.
+Without kdist, workers that write one path at once collide: HDF5 refuses the second ("unable to
+lock file") and that worker dies, and a `.keras` file or a SavedModel is written twice over itself
+(no upstream report found; tf-keras's guide told users to pick the paths by hand). A process killed
+in the middle, or a full disk, leaves a truncated file that `load_model` rejects, in place of the
+last good one. The fix, on Keras's Model so that the user's calls work unchanged: every process
+writes a new name beside the path and renames it over the path once complete. The path then holds
+one whole file: the previous one, or one worker's new one (the workers' weights are the same, so
+their files are too). Per-worker paths (the tf-keras guide's pattern) are written as given. A disk
+without room for the save (checked first: h5py can crash the process at exit after a failed write)
+or one that fills meanwhile raises an OSError naming the path and the space left.
 
 Left to Keras as they are: file objects, URLs (`gs://...`), `overwrite=False` over an existing
 file (Keras asks), and sharded weights (`max_shard_size`: several files). kdist's own saves,
@@ -26,10 +25,8 @@ import contextlib
 import contextvars
 import functools
 import os
-import shutil
 
 from kdist import safe_files
-from kdist.keras_seam.callbacks import cluster_of_model, worker_temp_dir
 from kdist.keras_seam.registry import Target
 
 _AS_GIVEN = contextvars.ContextVar("kdist_save_as_given", default=False)
@@ -76,7 +73,7 @@ def _whole(path: str, args: tuple, kwargs: dict, method: str) -> bool:
     return overwrite or not os.path.lexists(path)
 
 
-def _written_once(original):
+def _written_whole(original):
     method_name = original.__name__
 
     @functools.wraps(original)
@@ -84,13 +81,6 @@ def _written_once(original):
         path = _local_path(filepath)
         if path is None or _AS_GIVEN.get():
             return original(self, filepath, *args, **kwargs)
-        if not cluster_of_model(self).is_chief:
-            temp = worker_temp_dir(None, "save-", model=self)
-            try:
-                name = os.path.basename(os.path.normpath(path))
-                return original(self, os.path.join(temp, name), *args, **kwargs)
-            finally:
-                shutil.rmtree(temp, ignore_errors=True)
         if not _whole(path, args, kwargs, method_name):
             return original(self, filepath, *args, **kwargs)
         safe_files.room_for(path, bytes_needed(self))
@@ -100,4 +90,4 @@ def _written_once(original):
     return method
 
 
-MODEL_FILES = {Target("Model", name): _written_once for name in ("save", "save_weights", "export")}
+MODEL_FILES = {Target("Model", name): _written_whole for name in ("save", "save_weights", "export")}

@@ -37,11 +37,16 @@ model.fit(x, y, batch_size=kdist.global_batch_size(8), epochs=3, verbose=0, vali
 model.save("model.keras")
 model.save_weights("model.weights.h5")
 model.export("exported", verbose=False)
-kdist.barrier()  # the chief's files are whole once every worker is here
+own_path = f"{spec.task_type}-{spec.task_index}.weights.h5"  # tf-keras's guide's pattern
+model.save_weights(own_path)
+kdist.barrier()  # every worker's files are whole once every worker is here
 
 found = sorted(os.listdir("."))
 expected = model.predict(x[:4], verbose=0).ravel().tolist()
 loaded = {}
+twin = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+twin.load_weights(own_path)
+own_predicted = twin.predict(x[:4], verbose=0).ravel().tolist()
 if spec.is_chief:  # the chief reads its own files back (the others may still be writing reports)
     import tensorflow as tf
 
@@ -54,5 +59,5 @@ if spec.is_chief:  # the chief reads its own files back (the others may still be
     loaded["exported"] = exported.serve(x[:4]).numpy()
     loaded = {name: value.ravel().tolist() for name, value in loaded.items()}
 with open(f"{spec.task_type}-{spec.task_index}.json", "w") as f:
-    json.dump({"found": found, "expected": expected, "loaded": loaded,
+    json.dump({"found": found, "expected": expected, "loaded": loaded, "own_path": own_predicted,
                "csv_lines": open("log.csv").read().splitlines() if spec.is_chief else None}, f)
