@@ -18,9 +18,9 @@ def test_doctor_names_the_versions_the_verdict_and_every_workaround():
 
     from kdist.keras_seam.patches import PATCHES
 
-    result = run_kdist(["doctor"], timeout=120)
+    result = run_kdist(["doctor", "--verbose"], timeout=120)  # --verbose: every workaround
     assert result.returncode == 0, result.stderr[-3000:]
-    assert f"ok       versions: kdist 0.1.0, Python " in result.stdout
+    assert "ok       versions: kdist 0.1.0, Python " in result.stdout
     assert f"TensorFlow {tf.__version__}, Keras {keras.__version__}; supported\n" in result.stdout
     for patch in PATCHES:
         assert re.search(rf"^  {patch.name} +(installs|not needed|skipped)", result.stdout, re.M)
