@@ -36,7 +36,7 @@ model.fit(x, y, batch_size=kdist.global_batch_size(8), epochs=3, verbose=0, vali
                      keras.callbacks.TensorBoard("tensorboard")])
 model.save("model.keras")
 model.save_weights("model.weights.h5")
-model.export("exported", verbose=False)
+model.export("exported")  # Keras < 3.6 has no verbose
 own_path = f"{spec.task_type}-{spec.task_index}.weights.h5"  # tf-keras's guide's pattern
 model.save_weights(own_path)
 kdist.barrier()  # every worker's files are whole once every worker is here
