@@ -44,8 +44,8 @@ def train(args):
     x = rng.normal(size=(ROWS * workers, FEATURES)).astype("float32")
     y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
     with scope():
-        model = keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(32, activation="relu"),
-                                  keras.layers.Dense(2)])
+        model = keras.Sequential([keras.Input((FEATURES,)),
+                                  keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
         model.compile(keras.optimizers.SGD(0.01),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     process = psutil.Process()
@@ -108,7 +108,8 @@ def table(rows: list, args) -> str:
              "| contender | process | RSS growth per 100 epochs | RSS at the end | fds start -> end "
              "| threads start -> end |", "|---|---|---|---|---|---|"]
     for row in rows:
-        lines.append(f"| {row['contender']} | {'worker ' + str(row['task']) if row['contender'] == 'kdist' else 'one process'} "
+        process = f"worker {row['task']}" if row["contender"] == "kdist" else "one process"
+        lines.append(f"| {row['contender']} | {process} "
                      f"| {row['growth_mib_per_100_epochs']:.1f} MiB | {row['rss_end_mib']:.0f} MiB "
                      f"| {row['fds'][0]} -> {row['fds'][1]} | {row['threads'][0]} -> "
                      f"{row['threads'][1]} |")
@@ -131,8 +132,9 @@ def main():
         for _ in range(args.rounds):
             for contender in ("keras", "kdist"):
                 rows += run(contender, args.epochs, folder)
-    print(table(rows, args))
-    results_table.save(args.name, table(rows, args), {"rows": rows, "args": vars(args)})
+    text = table(rows, args)
+    print(text)
+    results_table.save(args.name, text, {"rows": rows, "args": vars(args)})
 
 
 if __name__ == "__main__":

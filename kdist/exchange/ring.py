@@ -348,7 +348,6 @@ def _admit(listener: socket.socket, secret: bytes, generation: int, rank: int, n
     secret in time (a stranger, another job) is refused without delaying the others, and the
     listener waits on, until `timeout`."""
     deadline = time.monotonic() + timeout
-    header = struct.pack("!II", generation, rank)
     refusals = _Refusals(name)
     pending: dict[socket.socket, _Candidate] = {}
     listener.setblocking(False)
@@ -365,7 +364,7 @@ def _admit(listener: socket.socket, secret: bytes, generation: int, rank: int, n
                 wait = min([deadline, *(c.until for c in pending.values())]) - now
                 for key, _ in selector.select(timeout=max(wait, 0.01)):
                     if key.fileobj is listener:
-                        candidate = _Candidate.accepted(listener, header, secret)
+                        candidate = _Candidate.accepted(listener, generation, rank, secret)
                         if candidate is not None:
                             pending[candidate.sock] = candidate
                             selector.register(candidate.sock, selectors.EVENT_READ)
@@ -395,7 +394,8 @@ class _Candidate:
         self.until = time.monotonic() + HANDSHAKE_SECONDS
 
     @classmethod
-    def accepted(cls, listener: socket.socket, header: bytes, secret: bytes) -> "_Candidate | None":
+    def accepted(cls, listener: socket.socket, generation: int, rank: int,
+                 secret: bytes) -> "_Candidate | None":
         try:
             sock, peer = listener.accept()
             nonce = secrets.token_bytes(NONCE_BYTES)
@@ -403,8 +403,8 @@ class _Candidate:
             sock.setblocking(False)
         except OSError:  # it went away at once
             return None
-        generation, rank = struct.unpack("!II", header)
-        return cls(sock, f"{peer[0]}:{peer[1]}", header + _proof(secret, nonce, generation, rank))
+        return cls(sock, f"{peer[0]}:{peer[1]}",
+                   struct.pack("!II", generation, rank) + _proof(secret, nonce, generation, rank))
 
     def read(self) -> bool | None:
         """True once the answer proves the secret, False once it cannot, None while it may."""

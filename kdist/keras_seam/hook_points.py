@@ -136,6 +136,7 @@ def adopt_stock_backups(callbacks) -> None:
 
 
 def _patch(name: str) -> Patch:
+    """`patches.patch(name)` among this module's hooks (the registry imports this module)."""
     return next(patch for patch in HOOKS if patch.name == name)
 
 

@@ -66,7 +66,7 @@ def _local_path(filepath) -> str | None:
 
 
 def _whole(path: str, args: tuple, kwargs: dict, method: str) -> bool:
-    """Whether the chief's save can go to a new name renamed over `path`."""
+    """Whether the save can go to a new name renamed over `path`."""
     if method == "save_weights" and kwargs.get("max_shard_size") is not None:
         return False
     overwrite = kwargs.get("overwrite", args[0] if args and method != "export" else True)
@@ -79,9 +79,7 @@ def _written_whole(original):
     @functools.wraps(original)
     def method(self, filepath, *args, **kwargs):
         path = _local_path(filepath)
-        if path is None or _AS_GIVEN.get():
-            return original(self, filepath, *args, **kwargs)
-        if not _whole(path, args, kwargs, method_name):
+        if path is None or _AS_GIVEN.get() or not _whole(path, args, kwargs, method_name):
             return original(self, filepath, *args, **kwargs)
         safe_files.room_for(path, bytes_needed(self))
         with safe_files.replaced_whole(path) as incoming:
