@@ -9,6 +9,7 @@ They follow the shell's conventions, so `kdist launch` composes with `timeout`, 
 """
 
 OK = 0
+VERIFY_DIFFERS = 1  # kdist verify: the distributed run trained differently from one device
 USAGE = 2  # a bad flag value, spec file or TF_CONFIG: the message names the field and the fix
 PEERS_MISSING = 69  # EX_UNAVAILABLE: other tasks never started within the start-up deadline
 PREEMPTED = 75  # EX_TEMPFAIL: a task saved its backup on SIGTERM; restarting it resumes

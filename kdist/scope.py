@@ -16,7 +16,7 @@ import os
 
 from kdist import global_state, strategies
 from kdist.cluster import cluster
-from kdist.keras_seam import patches, tf_internals
+from kdist.keras_seam import inputs, patches, tf_internals
 from kdist.ps.serve import serve
 from kdist.validators import UsageError
 
@@ -85,10 +85,11 @@ def _build_or_reuse(requested: str, options: dict):
         try:
             patches.install()
             built[key] = strategies.build(name, spec, opts)
+            seed = inputs.seed_unseeded_shuffles(spec) if name == "multi_worker" else None
         finally:
             global_state.set(BUILDING, False)
         global_state.set(BUILT, built)
-        _log_choice(name, built[key], spec, opts)
+        _log_choice(name, built[key], spec, opts, seed)
     global_state.set(CURRENT_KEY, key)
     strategies.registry.make_current(built[key])
     return built[key]
@@ -195,9 +196,12 @@ def _num_logical_cpus() -> int:
     return len(tf.config.get_logical_device_configuration(cpu) or [cpu])
 
 
-def _log_choice(name, built, spec, opts) -> None:
+def _log_choice(name, built, spec, opts, seed) -> None:
     unused = strategies.inapplicable_options(name, opts)
     note = f"; options not used by this strategy: {', '.join(unused)}" if unused else ""
+    if seed is not None:
+        note += (f"; TensorFlow's random seed set to {seed} on every worker, so unseeded "
+                 "tf.data shuffles take one order (tf.random.set_seed for your own)")
     if strategies.sums_over_tcp(built):
         how = "all_reduce='tcp'" if opts.all_reduce == "tcp" else \
             "the default on CPU workers; all_reduce='ring' for TensorFlow's collectives"

@@ -44,8 +44,15 @@ def one_batch(step):
     return step == list(range(step[0], step[0] + 16)) and step[0] % 16 == 0
 
 
-@pytest.mark.parametrize("key,examples", [("pydataset_1", 128), ("pydataset_2", 128),
-                                          ("tfrecord", 64)])
+def like_one_device(job, key) -> bool:
+    """Whether every step trained one whole batch, and every epoch each example once."""
+    return all(one_batch(step) for step in steps(job, key)) and \
+        all(len(epoch) == len(set(epoch)) for epoch in epochs(job, key))
+
+
+@pytest.mark.parametrize("key,examples", [
+    ("pydataset_1", 128), ("pydataset_2", 128), ("tfrecord", 64), ("tfdata_shuffled", 64),
+    ("tfdata_shuffled_short", 69)])
 def test_every_example_trains_once_per_epoch(job, key, examples):
     for epoch in epochs(job, key):
         assert sorted(epoch) == list(range(examples)), collections.Counter(epoch).most_common(3)
@@ -53,9 +60,17 @@ def test_every_example_trains_once_per_epoch(job, key, examples):
 
 def test_a_shuffled_pydataset_changes_its_order_each_epoch_alike_on_every_worker(job):
     for key in ("pydataset_1", "pydataset_2"):
-        assert all(one_batch(step) for step in steps(job, key)), steps(job, key)
+        assert like_one_device(job, key), steps(job, key)
         first_epoch, second_epoch = job["reports"][0][key]
         assert first_epoch != second_epoch
+
+
+def test_an_unseeded_tf_data_shuffle_takes_one_order_on_every_worker_and_reshuffles(job):
+    """kdist sets TensorFlow's global seed alike on every worker (the program set none): each
+    example trains once per epoch (above), in a new order each epoch."""
+    first_epoch, second_epoch = job["reports"][0]["tfdata_shuffled"]
+    assert first_epoch != second_epoch
+    assert "unseeded tf.data shuffles take one order" in job["stdout"]
 
 
 def test_one_file_for_two_workers_is_sharded_by_data_said_once(job):
@@ -74,13 +89,16 @@ def test_an_explicit_file_policy_with_too_few_files_is_refused_with_the_fix(job)
 
 
 def test_upstream_keras_and_tensorflow_still_need_the_fixes(job):
-    """Without consistent_pydataset_order the workers shuffle differently, so a step's shares
-    come from different batches (Keras 3.15 also trains some examples twice an epoch; Keras 3.5
-    does not); without tf_data_under_multi_worker fit fails at its first batch (the worker that
-    reads no file says why; its peer loses it). When these pass upstream, give the fixes their
+    """Without TensorFlow's global seed (kdist sets one), unseeded tf.data shuffles differ per
+    worker (examples trained twice). Without consistent_pydataset_order the workers shuffle
+    differently: a step's shares come from different batches (Keras 3.5; 3.15 also trains
+    examples twice an epoch), or whole batches train twice an epoch (Keras 3.16); without
+    tf_data_under_multi_worker fit fails at its first batch (the worker that reads no file says
+    why; its peer loses it). When these pass upstream, give the fixes their
     fixed_in."""
-    mixed = [step for step in steps(job, "upstream_pydataset_2") if not one_batch(step)]
-    assert mixed, steps(job, "upstream_pydataset_2")
+    assert not like_one_device(job, "upstream_pydataset_2"), steps(job, "upstream_pydataset_2")
+    duplicated = [len(e) - len(set(e)) for e in epochs(job, "upstream_tfdata_shuffled")]
+    assert max(duplicated) > 0, duplicated  # an unseeded tf.data shuffle without kdist's seed
     errors = [report["upstream_tfrecord"] for report in job["reports"]]
     assert any("Could not apply FILE based sharding" in error for error in errors), errors
 

@@ -5,6 +5,7 @@
     kdist launch --workers 4 --max-restarts 3 --min-workers 2 -- python train.py   (drop lost hosts)
     kdist launch --spec cluster_specs/local-2-workers.json -- python train.py
     kdist launch --spec two-machines.json -- python train.py     (on each machine of the spec)
+    kdist verify --workers 2 --steps 5 -- python train.py     (the same training as one device?)
     kdist validate cluster_specs/local-ps.json
     kdist tf-config --spec cluster_specs/k8s-mwms.yaml --task worker:1 --namespace ml
     kdist tf-config --spec two-machines.json --task worker:1     (a spec with fixed addresses)
@@ -27,13 +28,14 @@ import argparse
 import sys
 
 from kdist import exit_codes
-from kdist.cli import bundle, doctor, k8s, launch, parsing, plan, pod_exec, tf_config, validate
+from kdist.cli import (bundle, doctor, k8s, launch, parsing, plan, pod_exec, tf_config, validate,
+                       verify)
 from kdist.cluster.spec import ClusterSpecError
 
 # Imported inside functions: the launcher and the bundle's errors, which `kdist --help` must not
 # load.
 
-COMMANDS = (launch, validate, tf_config, k8s, plan, doctor, bundle, pod_exec)  # --help's order
+COMMANDS = (launch, verify, validate, tf_config, k8s, plan, doctor, bundle, pod_exec)  # --help's order
 
 
 def _version() -> str:

@@ -26,6 +26,12 @@ by FILE, and makes two new iterators per epoch. Three inputs go wrong there:
    policy is refused with the fix. And a tf.data dataset of a known number of batches is
    iterated by one iterator across epochs (`continuing_epochs`): a new one per epoch costs up
    to a second under MultiWorkerMirrored (the sharding rewrite of its graph).
+4. **An unseeded `tf.data` shuffle** (`dataset.shuffle(1000)`, the tutorials' idiom) draws its
+   seed per process, so each worker takes its shares of a *different* order: examples train
+   twice per epoch, others never. Where the program set no global seed, kdist sets TensorFlow's
+   to `shared_seed` when it builds MultiWorkerMirrored (`seed_unseeded_shuffles`), so every
+   worker's unseeded shuffles draw the same seeds, in the program's order, and still reshuffle
+   each epoch.
 """
 
 from __future__ import annotations
@@ -49,6 +55,18 @@ def shared_seed(spec) -> int:
     if spec is None:
         return random.SystemRandom().getrandbits(32)
     return zlib.crc32(json.dumps(spec.jobs, sort_keys=True).encode())
+
+
+def seed_unseeded_shuffles(spec) -> int | None:
+    """Sets TensorFlow's global random seed to `shared_seed(spec)` unless the program set one;
+    returns the seed set (None: the program's own stands)."""
+    import tensorflow as tf
+
+    if tf.compat.v1.get_seed(None)[0] is not None:
+        return None
+    seed = shared_seed(spec)
+    tf.random.set_seed(seed)
+    return seed
 
 
 # ------------------------------------------------------------------ a batch's shares

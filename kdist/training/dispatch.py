@@ -30,7 +30,7 @@ from kdist.keras_seam import hook_points, keras_internals, versions
 from kdist.ps import training as ps_training
 from kdist.steps import reading
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server, registry
-from kdist.training import agreement
+from kdist.training import agreement, verify
 
 logger = logging.getLogger("kdist")
 
@@ -71,6 +71,10 @@ def dispatch(name: str, original, arguments):
             added.append(replicas.ReplicaCheck(options.check_replicas))
         if options.watch_steps and is_multi_worker(strategy):
             added.append(_step_watch(model, spec, options))
+        plan = verify.Plan.of_environment()
+        if plan is not None:
+            added = verify.prepare(plan, model, strategy, arguments.arguments,
+                                   _task(spec)) + added
         if added:
             arguments.arguments["callbacks"] = [*added, *(arguments.arguments.get("callbacks")
                                                           or [])]
@@ -79,11 +83,18 @@ def dispatch(name: str, original, arguments):
             return getattr(ps_training, name)(*arguments.args, **arguments.kwargs)
         if name == "fit":
             with fitting.fitting(model):
-                return original(*arguments.args, **arguments.kwargs)
+                history = original(*arguments.args, **arguments.kwargs)
+            if plan is not None:
+                verify.finish(plan, _task(spec))
+            return history
         return original(*arguments.args, **arguments.kwargs)
     finally:
         if name == "fit":
             state.fit_input = None  # no reference to the user's arrays after fit
+
+
+def _task(spec) -> str:
+    return spec.task if spec is not None and spec.task else "local"
 
 
 def _workers(spec) -> list[str]:

@@ -1,6 +1,6 @@
 """fit's inputs under MultiWorkerMirrored (kdist/keras_seam/inputs.py), for tests/test_inputs.py:
 which examples each worker trains on in each epoch, for a shuffled PyDataset (1 and 2 loader
-threads), and a dataset read from one TFRecord file; first without kdist's
+threads), a dataset read from one TFRecord file and a tf.data dataset shuffled without a seed; first without kdist's
 input fixes (the upstream behaviour), then with them.
 
     kdist launch --workers 2 -- python inputs_job.py OUT     writes OUT/<task>.json
@@ -73,6 +73,12 @@ def records(path):
     return tf.data.TFRecordDataset(path).map(parse).batch(16)
 
 
+def shuffled(rows=64):
+    """The tutorials' pipeline: examples shuffled without a seed, in batches of 16."""
+    examples = tf.data.Dataset.range(rows).map(lambda i: tf.fill([1], tf.cast(i, tf.float32)))
+    return examples.map(lambda x: (x, x)).shuffle(rows).batch(16)
+
+
 def file_policy(dataset):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
@@ -88,12 +94,16 @@ report: dict = {}
 report["pydataset_1"] = trained(Batches(workers=1), shuffle=True)
 report["pydataset_2"] = trained(Batches(workers=2), shuffle=True)
 report["tfrecord"] = trained(records(os.path.join(out, "one.tfrecord")))
+report["tfdata_shuffled"] = trained(shuffled())
+report["tfdata_shuffled_short"] = trained(shuffled(69))  # 5 batches, the last of 5 rows
 report["tfrecord_file_policy"] = trained(file_policy(records(os.path.join(out, "file.tfrecord"))))
 # Upstream (kdist's fixes removed), last: a failed first batch leaves the workers' collectives out
 # of step, so nothing collective follows it.
 for name in FIXES:
     patches.patch(name).uninstall()
 report["upstream_pydataset_2"] = trained(Batches(workers=2), shuffle=True)
+tf.random.set_seed(None)  # no global seed: each process draws its own shuffle seeds
+report["upstream_tfdata_shuffled"] = trained(shuffled())
 save()
 report["upstream_tfrecord"] = trained(records(os.path.join(out, "upstream.tfrecord")), epochs=1)
 save()

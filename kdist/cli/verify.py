@@ -1,0 +1,128 @@
+"""`kdist verify`: does this program train as one device does with the global batch?
+
+Runs the program's first `fit` for a few steps on a local cluster, recording every replica's
+batches (`kdist.training.verify`), replays the same global batches on one device from the same
+start, and prints the largest difference and the first variable that differs.
+Exit code: 0 the same within the dtype's tolerance, 1 different, else the failing run's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+
+from kdist import exit_codes
+from kdist.cli import parsing
+from kdist.cluster.spec import ClusterSpec
+from kdist.validators import UsageError
+
+# Imported inside functions: the launcher and the runs' plan, which `kdist --help` must not load.
+
+
+def add(commands) -> None:
+    verify = commands.add_parser(
+        "verify", help="check that a program trains as one device does with the global batch",
+        description=__doc__.split("\n\n")[1].replace("\n", " "))
+    verify.set_defaults(run=run)
+    verify.add_argument("--workers", type=parsing.positive_count, default=2,
+                        help="worker tasks of the distributed run (default 2)")
+    verify.add_argument("--steps", type=parsing.positive_count, default=5,
+                        help="steps of the first fit to compare (default 5)")
+    verify.add_argument("--timeout", type=parsing.seconds, default=600.0,
+                        help="seconds each of the two runs may take (default 600)")
+    verify.add_argument("--keep", default=None, metavar="DIR",
+                        help="keep the recorded batches, variables and report.json in DIR")
+    verify.add_argument("command", nargs=argparse.REMAINDER, help="-- program and its arguments")
+
+
+def run(args) -> int:
+    from kdist.launch import Launcher, check_program
+    from kdist.training.verify import ENV, REPORT, Plan
+
+    command = parsing.after_dashes(args.command)
+    check_program(command)
+    folder = args.keep or tempfile.mkdtemp(prefix="kdist-verify-")
+    os.makedirs(folder, exist_ok=True)
+    try:
+        Plan(folder, "record", args.steps).write()
+        spec = ClusterSpec.local_layout({"worker": args.workers}, source="kdist verify")
+        env = dict(os.environ, **{ENV: folder})
+        code = Launcher(spec, command, timeout=args.timeout, env=env).run()
+        if code != exit_codes.OK:
+            print(f"kdist verify: the distributed run ended with exit code {code}; nothing to "
+                  "compare", file=sys.stderr)
+            return code
+        if not any(name.startswith("record-") for name in os.listdir(folder)):
+            raise UsageError("command", "the program ended without calling model.fit on a model "
+                             "(nothing to compare)", "verify a program that trains with fit")
+        Plan(folder, "replay", args.steps).write()
+        code = _one_device(command, env, args.timeout)
+        if code != exit_codes.OK or not os.path.exists(os.path.join(folder, REPORT)):
+            print(f"kdist verify: the one-device run ended with exit code {code}"
+                  f"{'' if code else ' without a report'}", file=sys.stderr)
+            return code or 1
+        return _print_report(os.path.join(folder, REPORT), args.workers)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def _one_device(command: list, env: dict, timeout: float) -> int:
+    """The program once, as one process on the default strategy (no cluster), its lines shown
+    as `[one-device] ...` without TensorFlow's start-up logging."""
+    from kdist.launch.group import is_tf_noise
+
+    alone = {k: v for k, v in env.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
+    alone.update(KDIST_STRATEGY="default", PYTHONUNBUFFERED="1")
+    alone.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    with subprocess.Popen(command, env=alone, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          text=True, errors="replace") as process:
+        expired = threading.Event()
+        timer = threading.Timer(timeout, lambda: (expired.set(), process.kill()))
+        timer.start()
+        try:
+            for line in process.stdout:
+                if line.strip() and not is_tf_noise(line):
+                    print(f"[one-device] {line.rstrip()}", flush=True)
+            process.wait()
+        finally:
+            timer.cancel()
+    if expired.is_set():
+        print(f"kdist verify: the one-device run took more than {timeout:g} s (--timeout)",
+              file=sys.stderr)
+        return exit_codes.TIMED_OUT
+    return exit_codes.of_returncode(process.returncode)
+
+
+def _print_report(path: str, workers: int) -> int:
+    import json
+
+    with open(path) as f:
+        report = json.load(f)
+    agree, one = report["workers_agree"], report["one_device"]
+    print(f"kdist verify: {report['steps']} step(s) of the first fit on {workers} worker(s) "
+          f"({report['replicas']} replicas), {report['variables']} variables, against one device "
+          "with the same global batches from the same start")
+    print(f"  every worker holds the same variables: {_verdict(agree)}")
+    print(f"  against one device: {_verdict(one)}")
+    same = agree["first_differing"] is None and one["first_differing"] is None
+    print("kdist verify: the same training as one device" if same else
+          "kdist verify: DIFFERENT from one device")
+    return exit_codes.OK if same else exit_codes.VERIFY_DIFFERS
+
+
+def _verdict(comparison: dict) -> str:
+    largest = comparison["largest"]
+    text = "largest difference 0" if largest["variable"] is None else \
+        f"largest difference {largest['difference']:.3g} ({largest['variable']})"
+    first = comparison["first_differing"]
+    if first is None:
+        return f"yes, {text}"
+    return (f"NO, {text}; first variable that differs: {first['variable']} at "
+            f"{first['index']}: {first['value']:.8g} against {first['expected']:.8g} (tolerance "
+            f"{first['tolerance']:g} x (1 + |value|) for {first['dtype']})")

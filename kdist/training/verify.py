@@ -1,0 +1,351 @@
+"""`kdist verify`'s two runs of the user's program, inside it: record, then replay on one device.
+
+The promise is "n devices x b = one device x nb". The replica check sees replicas that disagree,
+never replicas that agree on a wrong answer; this checks the promise itself on the user's model.
+`kdist verify` (`kdist.cli.verify`) writes a plan into a folder and runs the program twice with
+``KDIST_VERIFY=<folder>``; each run acts at its first `fit` only:
+
+1. **record** (distributed, every worker): each replica's batch of the first steps, as its
+   `train_step` receives it; the variables before the first step (every worker holds the same)
+   and after the last recorded one. Then the process ends: the rest of the program is not run.
+2. **replay** (one process, the default strategy): the same global batches (every replica's share,
+   in replica order) on one device from the same starting variables, for the same steps; then
+   every variable is compared with each worker's, with a tolerance fit for its dtype, and the
+   report is written for the command to print.
+
+Both runs leave out `BackupAndRestore` (a backup would start one of them elsewhere) and the
+validation data (it changes no variable), each said on its own line.
+
+>>> differs(np.float32(1.0), np.float32(1.0 + 1e-6), "float32")
+False
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+import numpy as np
+
+from kdist import global_state
+from kdist.callbacks import BackupAndRestore as KdistBackup
+from kdist.keras_seam import keras_internals
+from kdist.strategies import is_parameter_server
+from kdist.validators import UsageError
+
+logger = logging.getLogger("kdist")
+
+ENV = "KDIST_VERIFY"  # the folder of the plan, written by `kdist verify`
+PLAN, REPORT, INITIAL = "plan.json", "report.json", "initial.npz"
+DONE = "verify.done"  # global_state: this process's first fit was recorded or replayed
+# Largest |distributed - one device| per element, relative to 1 + |one device|, for the sums of a
+# few steps taken in another order (float32: measured 1e-7 on exact paths).
+TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 1e-2, "bfloat16": 3e-2}
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What `kdist verify` asks of this run: the phase (``"record"``/``"replay"``), the steps to
+    record, the folder the two runs share."""
+
+    folder: str
+    phase: str
+    steps: int
+
+    def write(self) -> None:
+        with open(os.path.join(self.folder, PLAN), "w") as f:
+            json.dump({"phase": self.phase, "steps": self.steps}, f)
+
+    @staticmethod
+    def of_environment() -> "Plan | None":
+        """This process's plan, or None: not run by `kdist verify`, or its first fit is done."""
+        folder = os.environ.get(ENV)
+        if not folder or global_state.get(DONE):
+            return None
+        try:
+            with open(os.path.join(folder, PLAN)) as f:
+                plan = json.load(f)
+        except (OSError, ValueError) as error:
+            raise UsageError(ENV, f"{folder!r} holds no readable {PLAN} ({error})",
+                             "run the program through `kdist verify -- python train.py`, or "
+                             f"unset {ENV}") from None
+        return Plan(folder, plan["phase"], int(plan["steps"]))
+
+
+def differs(distributed, reference, dtype: str) -> bool:
+    """Whether an element of `distributed` is further from `reference` than `dtype` allows."""
+    tolerance = TOLERANCE.get(dtype, 0.0)
+    return bool(np.any(np.abs(np.asarray(distributed, "float64") - reference)
+                       > tolerance * (1 + np.abs(np.asarray(reference, "float64")))))
+
+
+def prepare(plan: Plan, model, strategy, arguments: dict, task: str) -> list:
+    """Changes this fit's `arguments` for `plan`'s phase; returns the callbacks to add first."""
+    global_state.set(DONE, True)
+    if is_parameter_server(strategy):
+        raise UsageError("kdist verify", "ParameterServerStrategy trains asynchronously, so no "
+                         "one-device run takes the same steps", "verify the model under "
+                         "MultiWorkerMirrored (no ps tasks), then train it with parameter servers")
+    if model.jit_compile is True:
+        raise UsageError("jit_compile", "kdist verify records each replica's batch in its step, "
+                         "which XLA cannot compile", "compile with jit_compile=False to verify")
+    _leave_out(arguments, task)
+    steps = Recording(plan, task, model) if plan.phase == "record" else Replay(plan, task, model)
+    keras_internals.wrap_train_step(model, steps.wrap)
+    if isinstance(steps, Replay):
+        arguments.update(x=steps.dataset(), y=None, sample_weight=None, class_weight=None,
+                         batch_size=None, epochs=1, initial_epoch=0, shuffle=False,
+                         steps_per_epoch=steps.steps)
+    return [steps.callback]
+
+
+def finish(plan: Plan, task: str) -> None:
+    """Ends the process after the fit `plan` acted at: the rest of the program is not run."""
+    done = "recorded" if plan.phase == "record" else "replayed on one device"
+    print(f"kdist verify ({task}): the first fit's steps {done}; the rest of the program is not "
+          "run", flush=True)
+    raise SystemExit(0)
+
+
+def _leave_out(arguments: dict, task: str) -> None:
+    import keras
+
+    callbacks = list(arguments.get("callbacks") or [])
+    backups = [c for c in callbacks if isinstance(c, (keras.callbacks.BackupAndRestore,
+                                                      KdistBackup))]
+    if backups:
+        logger.warning("kdist verify (%s): BackupAndRestore left out of both runs (a backup "
+                       "would start one of them from another step)", task)
+        arguments["callbacks"] = [c for c in callbacks if c not in backups]
+    if arguments.get("validation_data") is not None or arguments.get("validation_split"):
+        logger.warning("kdist verify (%s): validation left out (it changes no variable)", task)
+        arguments.update(validation_data=None, validation_split=0.0)
+
+
+class _Steps:
+    """The first `plan.steps` steps of this fit: `train_step` (wrapped by `wrap`) hands every
+    replica's batch to `keep`; once each replica took the steps, the fit stops and `reached`
+    runs (at the fit's end if the data ends first)."""
+
+    def __init__(self, plan: Plan, task: str, model):
+        import keras
+
+        self.plan, self.task, self.model = plan, task, model
+        self.batches: dict[int, list] = {}  # replica id -> [each step's flat arrays]
+        self.structure = None  # the nesting of a step's data, its leaves numbered
+        self.done = False
+        self.callback = keras.callbacks.LambdaCallback(
+            on_train_begin=lambda logs: self.begin(),
+            on_train_batch_end=lambda batch, logs: self._batch_end(),
+            on_train_end=lambda logs: self._end())
+
+    def wrap(self, train_step):
+        import functools
+
+        import tensorflow as tf
+
+        @functools.wraps(train_step)
+        def step(data):
+            leaves = [leaf for leaf in tf.nest.flatten(data) if leaf is not None]
+            if not all(isinstance(leaf, tf.Tensor) for leaf in leaves):
+                raise UsageError("kdist verify", "a batch holds sparse or ragged tensors, which "
+                                 "it cannot record", "verify with dense inputs")
+            self.structure = _numbered(data)
+            replica = tf.distribute.get_replica_context().replica_id_in_sync_group
+            kept = tf.py_function(self._keep, [replica, *leaves], tf.int32)
+            with tf.control_dependencies([kept]):
+                return train_step(data)
+
+        return step
+
+    def _keep(self, replica, *leaves) -> int:
+        self.batches.setdefault(int(replica), []).append([leaf.numpy() for leaf in leaves])
+        return 0
+
+    def taken(self) -> int:
+        return min((len(steps) for steps in self.batches.values()), default=0)
+
+    def _batch_end(self) -> None:
+        if not self.done and self.taken() >= self.plan.steps:
+            self.model.stop_training = True
+            self.done = True
+            self.reached(self.taken())
+
+    def _end(self) -> None:
+        if not self.done:
+            self.done = True
+            self.reached(self.taken())
+
+    def begin(self) -> None:
+        raise NotImplementedError
+
+    def reached(self, steps: int) -> None:
+        raise NotImplementedError
+
+
+class Recording(_Steps):
+    """The distributed run: this worker's batches, and the variables before and after."""
+
+    def begin(self) -> None:
+        if self.task in ("worker:0", "chief:0", "local"):  # every worker starts from the same
+            _save_variables(os.path.join(self.plan.folder, INITIAL), self.model)
+
+    def reached(self, steps: int) -> None:
+        name = self.task.replace(":", "-")
+        arrays = {f"s{s}_r{r}_l{k}": leaf for r, batches in self.batches.items()
+                  for s, leaves in enumerate(batches[:steps]) for k, leaf in enumerate(leaves)}
+        np.savez(os.path.join(self.plan.folder, f"batches-{name}.npz"), **arrays)
+        _save_variables(os.path.join(self.plan.folder, f"final-{name}.npz"), self.model)
+        with open(os.path.join(self.plan.folder, f"record-{name}.json"), "w") as f:
+            json.dump({"task": self.task, "replicas": sorted(self.batches), "steps": steps,
+                       "structure": self.structure}, f)
+
+
+class Replay(_Steps):
+    """The one-device run: every recorded global batch, from the recorded start; at the end, the
+    comparison with every worker (`report.json`)."""
+
+    def __init__(self, plan: Plan, task: str, model):
+        super().__init__(plan, task, model)
+        self.records = _records(plan.folder)
+        self.steps = min(record["steps"] for record in self.records)
+        if self.steps == 0:
+            raise UsageError("kdist verify", "the distributed run recorded no step",
+                             "give fit data for at least one step")
+        self.global_batches = _global_batches(plan.folder, self.records, self.steps)
+
+    def dataset(self):
+        """The recorded global batches, as the distributed run's `train_step` received them."""
+        import tensorflow as tf
+
+        structure = self.records[0]["structure"]
+        first = self.global_batches[0]
+        signature = [tf.TensorSpec([d if all(b[k].shape[i] == d for b in self.global_batches)
+                                    else None for i, d in enumerate(leaf.shape)],
+                                   tf.as_dtype(leaf.dtype)) for k, leaf in enumerate(first)]
+        flat = tf.data.Dataset.from_generator(lambda: (tuple(b) for b in self.global_batches),
+                                              output_signature=tuple(signature))
+        return flat.map(lambda *leaves: _packed(structure, list(leaves)))
+
+    def begin(self) -> None:
+        values, described = _load_variables(os.path.join(self.plan.folder, INITIAL))
+        _check_same_model(self.model, described)
+        for variable, value in zip(self.model.variables, values):
+            variable.assign(value)
+
+    def reached(self, steps: int) -> None:
+        one_device = [np.asarray(v.numpy()) for v in self.model.variables]
+        report = compare(one_device, self.model.variables, self.plan.folder, self.records)
+        report["steps"] = steps
+        with open(os.path.join(self.plan.folder, REPORT), "w") as f:
+            json.dump(report, f, indent=1)
+
+
+def compare(one_device: list, variables: list, folder: str, records: list) -> dict:
+    """Each worker's variables against one device's (`one_device`), and against worker 0's."""
+    paths = [v.path for v in variables]
+    dtypes = [str(np.dtype(v.dtype)) if v.dtype != "bfloat16" else "bfloat16"
+              for v in variables]
+    workers = {}
+    for record in records:
+        name = record["task"].replace(":", "-")
+        workers[record["task"]], _ = _load_variables(os.path.join(folder, f"final-{name}.npz"))
+    first = next(iter(workers.values()))
+    return {"workers": list(workers), "variables": len(paths),
+            "replicas": sum(len(record["replicas"]) for record in records),
+            "workers_agree": _difference(list(workers.values()), first, paths, dtypes),
+            "one_device": _difference(list(workers.values()), one_device, paths, dtypes)}
+
+
+def _difference(runs: list, reference: list, paths: list, dtypes: list) -> dict:
+    """The largest difference of any run from `reference` and the first variable (in the
+    model's order) further from it than its dtype allows."""
+    largest = {"difference": 0.0, "variable": None}
+    first = None
+    for k, (path, dtype) in enumerate(zip(paths, dtypes)):
+        expected = np.asarray(reference[k], "float64")
+        for run in runs:
+            gap = np.abs(np.asarray(run[k], "float64") - expected)
+            if gap.size and gap.max() > largest["difference"]:
+                largest = {"difference": float(gap.max()), "variable": path}
+            if first is None and differs(run[k], expected, dtype):
+                where = np.unravel_index(int(np.argmax(gap)), gap.shape) if gap.ndim else ()
+                first = {"variable": path, "index": [int(i) for i in where], "dtype": dtype,
+                         "value": float(np.asarray(run[k], "float64")[where]),
+                         "expected": float(expected[where]), "tolerance": TOLERANCE.get(dtype)}
+    return {"largest": largest, "first_differing": first}
+
+
+def _check_same_model(model, described: list) -> None:
+    mine = [[v.path, str(v.dtype)] for v in model.variables]
+    if len(mine) != len(described) or any(a[1] != b[1] for a, b in zip(mine, described)):
+        raise UsageError("kdist verify", f"the one-device run built {len(mine)} variables, the "
+                         f"distributed run {len(described)} (or other dtypes)", "build the same "
+                         "model whatever the number of workers (no size read from TF_CONFIG)")
+
+
+def _records(folder: str) -> list:
+    names = sorted(n for n in os.listdir(folder) if n.startswith("record-") and
+                   n.endswith(".json"))
+    if not names or not os.path.exists(os.path.join(folder, INITIAL)):
+        raise UsageError("kdist verify", "the distributed run recorded no fit",
+                         "call model.fit on a model compiled inside kdist.scope()")
+    records = []
+    for name in names:
+        with open(os.path.join(folder, name)) as f:
+            records.append(json.load(f))
+    return records
+
+
+def _global_batches(folder: str, records: list, steps: int) -> list:
+    """Each step's global batch: every replica's share of it, in replica order, leaf by leaf."""
+    shares = {}  # replica id -> [each step's leaves]
+    for record in records:
+        name = record["task"].replace(":", "-")
+        with np.load(os.path.join(folder, f"batches-{name}.npz")) as arrays:
+            for replica in record["replicas"]:
+                leaves = len([n for n in arrays.files if n.startswith(f"s0_r{replica}_")])
+                shares[replica] = [[arrays[f"s{s}_r{replica}_l{k}"] for k in range(leaves)]
+                                   for s in range(steps)]
+    order = sorted(shares)
+    return [[np.concatenate([shares[r][s][k] for r in order]) for k in range(len(shares[order[0]][s]))]
+            for s in range(steps)]
+
+
+def _numbered(data, counter=None):
+    """`data`'s nesting as JSON, its non-None leaves numbered in `tf.nest.flatten`'s order."""
+    counter = counter if counter is not None else iter(range(1 << 30))
+    if isinstance(data, dict):
+        return {"dict": {k: _numbered(data[k], counter) for k in sorted(data)}}
+    if isinstance(data, (list, tuple)):
+        items = list(data)
+        while items and items[-1] is None:  # (x, y, None): what a dataset yields as (x, y)
+            items.pop()
+        return {type(data).__name__: [_numbered(v, counter) for v in items]}
+    return None if data is None else next(counter)
+
+
+def _packed(structure, leaves: list):
+    """The nesting `_numbered` described, its leaves taken from `leaves`."""
+    if isinstance(structure, dict):
+        if "dict" in structure:
+            return {k: _packed(v, leaves) for k, v in structure["dict"].items()}
+        kind, items = next(iter(structure.items()))
+        packed = [_packed(v, leaves) for v in items]
+        return tuple(packed) if kind == "tuple" else packed
+    return None if structure is None else leaves[structure]
+
+
+def _save_variables(path: str, model) -> None:
+    np.savez(path, **{f"v{k}": np.asarray(v.numpy()) for k, v in enumerate(model.variables)})
+    with open(path + ".json", "w") as f:
+        json.dump([[v.path, str(v.dtype)] for v in model.variables], f)
+
+
+def _load_variables(path: str) -> tuple[list, list]:
+    with np.load(path) as arrays:
+        values = [arrays[f"v{k}"] for k in range(len(arrays.files))]
+    with open(path + ".json") as f:
+        return values, json.load(f)
