@@ -33,6 +33,8 @@ ALLOWED = {
     ("kdist/__init__.py", "_logger.propagate"): "configuring the standard library's logger",
     ("kdist/ps/training.py", "model.stop_training"):
         "Keras's documented callback protocol: a fit loop resets it, EarlyStopping sets it",
+    ("kdist/training/verify.py", "self.model.stop_training"):
+        "Keras's documented callback protocol: EarlyStopping sets it (kdist verify's last step)",
 }
 
 

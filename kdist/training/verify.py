@@ -16,8 +16,7 @@ never replicas that agree on a wrong answer; this checks the promise itself on t
 Both runs leave out `BackupAndRestore` (a backup would start one of them elsewhere) and the
 validation data (it changes no variable), each said on its own line.
 
->>> differs(np.float32(1.0), np.float32(1.0 + 1e-6), "float32")
-False
+The comparison itself: `kdist.training.comparison`.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from kdist import global_state
 from kdist.callbacks import BackupAndRestore as KdistBackup
 from kdist.keras_seam import keras_internals
 from kdist.strategies import is_parameter_server
+from kdist.training import comparison
 from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
@@ -40,9 +40,7 @@ logger = logging.getLogger("kdist")
 ENV = "KDIST_VERIFY"  # the folder of the plan, written by `kdist verify`
 PLAN, REPORT, INITIAL = "plan.json", "report.json", "initial.npz"
 DONE = "verify.done"  # global_state: this process's first fit was recorded or replayed
-# Largest |distributed - one device| per element, relative to 1 + |one device|, for the sums of a
-# few steps taken in another order (float32: measured 1e-7 on exact paths).
-TOLERANCE = {"float64": 1e-9, "float32": 1e-5, "float16": 1e-2, "bfloat16": 3e-2}
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,13 +70,6 @@ class Plan:
                              "run the program through `kdist verify -- python train.py`, or "
                              f"unset {ENV}") from None
         return Plan(folder, plan["phase"], int(plan["steps"]))
-
-
-def differs(distributed, reference, dtype: str) -> bool:
-    """Whether an element of `distributed` is further from `reference` than `dtype` allows."""
-    tolerance = TOLERANCE.get(dtype, 0.0)
-    return bool(np.any(np.abs(np.asarray(distributed, "float64") - reference)
-                       > tolerance * (1 + np.abs(np.asarray(reference, "float64")))))
 
 
 def prepare(plan: Plan, model, strategy, arguments: dict, task: str) -> list:
@@ -236,46 +227,19 @@ class Replay(_Steps):
             variable.assign(value)
 
     def reached(self, steps: int) -> None:
-        one_device = [np.asarray(v.numpy()) for v in self.model.variables]
-        report = compare(one_device, self.model.variables, self.plan.folder, self.records)
+        variables = self.model.variables
+        one_device = [np.asarray(v.numpy()) for v in variables]
+        workers = {}
+        for record in self.records:
+            name = record["task"].replace(":", "-")
+            path = os.path.join(self.plan.folder, f"final-{name}.npz")
+            workers[record["task"]], _ = _load_variables(path)
+        report = comparison.compare(one_device, workers, [v.path for v in variables],
+                                    [comparison.dtype_name(v.dtype) for v in variables])
+        report["replicas"] = sum(len(record["replicas"]) for record in self.records)
         report["steps"] = steps
         with open(os.path.join(self.plan.folder, REPORT), "w") as f:
             json.dump(report, f, indent=1)
-
-
-def compare(one_device: list, variables: list, folder: str, records: list) -> dict:
-    """Each worker's variables against one device's (`one_device`), and against worker 0's."""
-    paths = [v.path for v in variables]
-    dtypes = [str(np.dtype(v.dtype)) if v.dtype != "bfloat16" else "bfloat16"
-              for v in variables]
-    workers = {}
-    for record in records:
-        name = record["task"].replace(":", "-")
-        workers[record["task"]], _ = _load_variables(os.path.join(folder, f"final-{name}.npz"))
-    first = next(iter(workers.values()))
-    return {"workers": list(workers), "variables": len(paths),
-            "replicas": sum(len(record["replicas"]) for record in records),
-            "workers_agree": _difference(list(workers.values()), first, paths, dtypes),
-            "one_device": _difference(list(workers.values()), one_device, paths, dtypes)}
-
-
-def _difference(runs: list, reference: list, paths: list, dtypes: list) -> dict:
-    """The largest difference of any run from `reference` and the first variable (in the
-    model's order) further from it than its dtype allows."""
-    largest = {"difference": 0.0, "variable": None}
-    first = None
-    for k, (path, dtype) in enumerate(zip(paths, dtypes)):
-        expected = np.asarray(reference[k], "float64")
-        for run in runs:
-            gap = np.abs(np.asarray(run[k], "float64") - expected)
-            if gap.size and gap.max() > largest["difference"]:
-                largest = {"difference": float(gap.max()), "variable": path}
-            if first is None and differs(run[k], expected, dtype):
-                where = np.unravel_index(int(np.argmax(gap)), gap.shape) if gap.ndim else ()
-                first = {"variable": path, "index": [int(i) for i in where], "dtype": dtype,
-                         "value": float(np.asarray(run[k], "float64")[where]),
-                         "expected": float(expected[where]), "tolerance": TOLERANCE.get(dtype)}
-    return {"largest": largest, "first_differing": first}
 
 
 def _check_same_model(model, described: list) -> None:
@@ -310,7 +274,8 @@ def _global_batches(folder: str, records: list, steps: int) -> list:
                 shares[replica] = [[arrays[f"s{s}_r{replica}_l{k}"] for k in range(leaves)]
                                    for s in range(steps)]
     order = sorted(shares)
-    return [[np.concatenate([shares[r][s][k] for r in order]) for k in range(len(shares[order[0]][s]))]
+    leaves = len(shares[order[0]][0])
+    return [[np.concatenate([shares[r][s][k] for r in order]) for k in range(leaves)]
             for s in range(steps)]
 
 

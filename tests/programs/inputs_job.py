@@ -1,7 +1,7 @@
 """fit's inputs under MultiWorkerMirrored (kdist/keras_seam/inputs.py), for tests/test_inputs.py:
 which examples each worker trains on in each epoch, for a shuffled PyDataset (1 and 2 loader
-threads), a dataset read from one TFRecord file and a tf.data dataset shuffled without a seed; first without kdist's
-input fixes (the upstream behaviour), then with them.
+threads), a dataset read from one TFRecord file and a tf.data dataset shuffled without a seed
+(64 and 69 rows); first without kdist's input fixes (the upstream behaviour), then with them.
 
     kdist launch --workers 2 -- python inputs_job.py OUT     writes OUT/<task>.json
 """
