@@ -78,6 +78,10 @@ def test_the_getting_started_command_runs(command, workdir):
         assert "[worker-0] 2 replica(s), loss" in result.stdout
         assert "[worker-1] 2 replica(s), loss" in result.stdout
         assert re.search(r"\[kdist\] summary: succeeded with exit code 0 after", result.stdout)
+    if command.startswith("kdist verify"):
+        assert "kdist verify: the same training as one device" in result.stdout
+    if command.startswith("kdist launch --chief"):
+        assert re.search(r"\[chief-0\] 1 replica\(s\), loss [\d.]+", result.stdout)
     if command.startswith("kdist tf-config"):
         assert '"task":{"type":"worker","index":1}' in result.stdout
         assert "10.0.0.2:2222" in result.stdout
