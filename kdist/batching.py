@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import keras
 
-from kdist import validators
+from kdist import validators, verify_plan
 from kdist.strategies import registry
 
 
 def _replicas(strategy) -> int:
-    return (strategy or registry.current()).num_replicas_in_sync
+    """The replicas in sync; in `kdist verify`'s one-device run, the distributed run's (its one
+    device stands for them with the global batch)."""
+    return verify_plan.replayed_replicas() or (strategy or registry.current()).num_replicas_in_sync
 
 
 def global_batch_size(per_replica: int, strategy=None) -> int:

@@ -42,7 +42,7 @@ def add(commands) -> None:
 
 def run(args) -> int:
     from kdist.launch import Launcher, check_program
-    from kdist.training.verify import ENV, REPORT, Plan
+    from kdist.verify_plan import ENV, REPORT, Plan
 
     command = parsing.after_dashes(args.command)
     check_program(command)
@@ -57,10 +57,7 @@ def run(args) -> int:
             print(f"kdist verify: the distributed run ended with exit code {code}; nothing to "
                   "compare", file=sys.stderr)
             return code
-        if not any(name.startswith("record-") for name in os.listdir(folder)):
-            raise UsageError("command", "the program ended without calling model.fit on a model "
-                             "(nothing to compare)", "verify a program that trains with fit")
-        Plan(folder, "replay", args.steps).write()
+        Plan(folder, "replay", args.steps, _recorded_replicas(folder)).write()
         code = _one_device(command, env, args.timeout)
         if code != exit_codes.OK or not os.path.exists(os.path.join(folder, REPORT)):
             print(f"kdist verify: the one-device run ended with exit code {code}"
@@ -70,6 +67,21 @@ def run(args) -> int:
     finally:
         if args.keep is None:
             shutil.rmtree(folder, ignore_errors=True)
+
+
+def _recorded_replicas(folder: str) -> int:
+    """The replicas the distributed run recorded (every worker's)."""
+    import json
+
+    records = [name for name in os.listdir(folder) if name.startswith("record-")]
+    if not records:
+        raise UsageError("command", "the program ended without calling model.fit on a model "
+                         "(nothing to compare)", "verify a program that trains with fit")
+    replicas = 0
+    for name in records:
+        with open(os.path.join(folder, name)) as f:
+            replicas += len(json.load(f)["replicas"])
+    return replicas
 
 
 def _one_device(command: list, env: dict, timeout: float) -> int:

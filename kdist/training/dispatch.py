@@ -23,7 +23,7 @@ from __future__ import annotations
 import logging
 
 from kdist import model_state as states
-from kdist import replicas, steps
+from kdist import replicas, steps, verify_plan
 from kdist.balance import fitting
 from kdist.exchange.phases import PhaseCallback
 from kdist.keras_seam import hook_points, keras_internals, versions
@@ -71,7 +71,7 @@ def dispatch(name: str, original, arguments):
             added.append(replicas.ReplicaCheck(options.check_replicas))
         if options.watch_steps and is_multi_worker(strategy):
             added.append(_step_watch(model, spec, options))
-        plan = verify.Plan.of_environment()
+        plan = verify_plan.Plan.of_environment()
         if plan is not None:
             added = verify.prepare(plan, model, strategy, arguments.arguments,
                                    _task(spec)) + added

@@ -21,14 +21,13 @@ The comparison itself: `kdist.training.comparison`.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import os
 
 import numpy as np
 
-from kdist import global_state
+from kdist import global_state, verify_plan
 from kdist.callbacks import BackupAndRestore as KdistBackup
 from kdist.keras_seam import keras_internals
 from kdist.strategies import is_parameter_server
@@ -37,44 +36,12 @@ from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
 
-ENV = "KDIST_VERIFY"  # the folder of the plan, written by `kdist verify`
-PLAN, REPORT, INITIAL = "plan.json", "report.json", "initial.npz"
-DONE = "verify.done"  # global_state: this process's first fit was recorded or replayed
+INITIAL = "initial.npz"
 
 
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What `kdist verify` asks of this run: the phase (``"record"``/``"replay"``), the steps to
-    record, the folder the two runs share."""
-
-    folder: str
-    phase: str
-    steps: int
-
-    def write(self) -> None:
-        with open(os.path.join(self.folder, PLAN), "w") as f:
-            json.dump({"phase": self.phase, "steps": self.steps}, f)
-
-    @staticmethod
-    def of_environment() -> "Plan | None":
-        """This process's plan, or None: not run by `kdist verify`, or its first fit is done."""
-        folder = os.environ.get(ENV)
-        if not folder or global_state.get(DONE):
-            return None
-        try:
-            with open(os.path.join(folder, PLAN)) as f:
-                plan = json.load(f)
-        except (OSError, ValueError) as error:
-            raise UsageError(ENV, f"{folder!r} holds no readable {PLAN} ({error})",
-                             "run the program through `kdist verify -- python train.py`, or "
-                             f"unset {ENV}") from None
-        return Plan(folder, plan["phase"], int(plan["steps"]))
-
-
-def prepare(plan: Plan, model, strategy, arguments: dict, task: str) -> list:
+def prepare(plan: verify_plan.Plan, model, strategy, arguments: dict, task: str) -> list:
     """Changes this fit's `arguments` for `plan`'s phase; returns the callbacks to add first."""
-    global_state.set(DONE, True)
+    verify_plan.mark_done()
     if is_parameter_server(strategy):
         raise UsageError("kdist verify", "ParameterServerStrategy trains asynchronously, so no "
                          "one-device run takes the same steps", "verify the model under "
@@ -92,7 +59,7 @@ def prepare(plan: Plan, model, strategy, arguments: dict, task: str) -> list:
     return [steps.callback]
 
 
-def finish(plan: Plan, task: str) -> None:
+def finish(plan: verify_plan.Plan, task: str) -> None:
     """Ends the process after the fit `plan` acted at: the rest of the program is not run."""
     done = "recorded" if plan.phase == "record" else "replayed on one device"
     print(f"kdist verify ({task}): the first fit's steps {done}; the rest of the program is not "
@@ -120,7 +87,7 @@ class _Steps:
     replica's batch to `keep`; once each replica took the steps, the fit stops and `reached`
     runs (at the fit's end if the data ends first)."""
 
-    def __init__(self, plan: Plan, task: str, model):
+    def __init__(self, plan: verify_plan.Plan, task: str, model):
         import keras
 
         self.plan, self.task, self.model = plan, task, model
@@ -198,7 +165,7 @@ class Replay(_Steps):
     """The one-device run: every recorded global batch, from the recorded start; at the end, the
     comparison with every worker (`report.json`)."""
 
-    def __init__(self, plan: Plan, task: str, model):
+    def __init__(self, plan: verify_plan.Plan, task: str, model):
         super().__init__(plan, task, model)
         self.records = _records(plan.folder)
         self.steps = min(record["steps"] for record in self.records)
@@ -238,7 +205,7 @@ class Replay(_Steps):
                                     [comparison.dtype_name(v.dtype) for v in variables])
         report["replicas"] = sum(len(record["replicas"]) for record in self.records)
         report["steps"] = steps
-        with open(os.path.join(self.plan.folder, REPORT), "w") as f:
+        with open(os.path.join(self.plan.folder, verify_plan.REPORT), "w") as f:
             json.dump(report, f, indent=1)
 
 
