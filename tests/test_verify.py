@@ -29,7 +29,7 @@ def test_a_program_that_trains_as_one_device_is_verified(tmp_path, source):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
     assert "kdist verify: the same training as one device" in result.stdout
     assert "the program went on after fit" not in result.stdout  # both runs end after the steps
-    assert report["steps"] == 5 and report["replicas"] == 2 and report["variables"] == 3
+    assert report["steps"] == 5 and report["replicas"] == 2 and report["variables"] == 4
     assert report["workers"] == ["worker:0", "worker:1"]
     assert report["one_device"]["first_differing"] is None
     assert report["workers_agree"]["largest"]["difference"] == 0.0
@@ -40,6 +40,21 @@ def test_a_program_that_trains_as_one_device_is_verified(tmp_path, source):
     assert [len(r) for r in rows] == [8] * 8 + [3, 2]
     x = np.random.default_rng(0).integers(0, 40, (ROWS, 6))
     assert sorted(map(tuple, np.concatenate(rows))) == sorted(map(tuple, x))
+
+
+@pytest.mark.parametrize("cell", [
+    {"EXCHANGE": "collectives"}, {"EXCHANGE": "buckets"}, {"EXCHANGE": "aggregate"},
+    {"ROWS": "65"}, {"ROWS": "65", "EXCHANGE": "buckets"}],
+    ids=["tensorflow-collectives", "buckets", "aggregate_every-2", "empty-share",
+         "empty-share-buckets"])
+def test_every_exchange_path_and_share_trains_as_one_device(tmp_path, cell):
+    """The matrix's cells on 2 real workers: sparse gradients with repeated ids, a variable
+    without a gradient and a short last batch (69 rows: 3/2; 65 rows: 1/0, an empty share) on
+    each exchange path, against one device through kdist verify."""
+    result, report = verify(tmp_path, env=cell)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert report["one_device"]["first_differing"] is None, report
+    assert report["workers_agree"]["largest"]["difference"] == 0.0
 
 
 def test_a_wrong_sum_every_worker_agrees_on_is_found_and_named(tmp_path):
