@@ -27,7 +27,7 @@ import os
 
 import numpy as np
 
-from kdist import global_state, verify_plan
+from kdist import verify_plan
 from kdist.callbacks import BackupAndRestore as KdistBackup
 from kdist.keras_seam import keras_internals
 from kdist.strategies import is_parameter_server

@@ -14,6 +14,7 @@ import os
 import kdist
 import keras
 import numpy as np
+import tensorflow as tf
 
 ROWS = int(os.environ.get("ROWS", "69"))
 OPTIONS = {"": {}, "collectives": {"all_reduce": "ring"}, "buckets": {"bucket_bytes": 64},
@@ -22,7 +23,6 @@ rng = np.random.default_rng(0)
 x = rng.integers(0, 40, (ROWS, 6)).astype("int32")
 y = rng.normal(size=(ROWS, 1)).astype("float32")
 if os.environ.get("PLANT"):
-    import tensorflow as tf
     from kdist.exchange import comm
 
     summed = comm.Comm.all_reduce_sum
@@ -50,8 +50,6 @@ with kdist.scope(**OPTIONS):
     model = keras.Model({"ids": ids}, keras.layers.Dense(1)(pooled))
     model.compile(keras.optimizers.Adam(0.01), "mse")
 if os.environ.get("INPUT") == "tfdata":
-    import tensorflow as tf
-
     weights = rng.uniform(0.5, 2.0, ROWS).astype("float32")
     data = tf.data.Dataset.from_tensor_slices(({"ids": x}, y, weights))
     data = data.shuffle(ROWS).batch(16)  # unseeded, as the tutorials write it
