@@ -5,10 +5,8 @@ import json
 import sys
 
 import pytest
-import tensorflow as tf
 
 from conftest import run_kdist
-from kdist.keras_seam.versions import version
 from kdist.ps.sync import HISTOGRAM_BUCKETS, SyncMode
 
 pytestmark = pytest.mark.compat
