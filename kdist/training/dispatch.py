@@ -73,8 +73,7 @@ def dispatch(name: str, original, arguments):
             added.append(_step_watch(model, spec, options))
         plan = verify_plan.Plan.of_environment()
         if plan is not None:
-            added = verify.prepare(plan, model, strategy, arguments.arguments,
-                                   _task(spec)) + added
+            added = verify.prepare(plan, model, strategy, spec, arguments.arguments) + added
         if added:
             arguments.arguments["callbacks"] = [*added, *(arguments.arguments.get("callbacks")
                                                           or [])]
@@ -85,16 +84,12 @@ def dispatch(name: str, original, arguments):
             with fitting.fitting(model):
                 history = original(*arguments.args, **arguments.kwargs)
             if plan is not None:
-                verify.finish(plan, _task(spec))
+                verify.finish(plan, spec)
             return history
         return original(*arguments.args, **arguments.kwargs)
     finally:
         if name == "fit":
             state.fit_input = None  # no reference to the user's arrays after fit
-
-
-def _task(spec) -> str:
-    return spec.task if spec is not None and spec.task else "local"
 
 
 def _workers(spec) -> list[str]:

@@ -39,8 +39,9 @@ logger = logging.getLogger("kdist")
 INITIAL = "initial.npz"
 
 
-def prepare(plan: verify_plan.Plan, model, strategy, arguments: dict, task: str) -> list:
-    """Changes this fit's `arguments` for `plan`'s phase; returns the callbacks to add first."""
+def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict) -> list:
+    """Changes this fit's `arguments` for `plan`'s phase (`spec`: the strategy's cluster, None for
+    one process); returns the callbacks to add first."""
     verify_plan.mark_done()
     if is_parameter_server(strategy):
         raise UsageError("kdist verify", "ParameterServerStrategy trains asynchronously, so no "
@@ -49,8 +50,10 @@ def prepare(plan: verify_plan.Plan, model, strategy, arguments: dict, task: str)
     if model.jit_compile is True:
         raise UsageError("jit_compile", "kdist verify records each replica's batch in its step, "
                          "which XLA cannot compile", "compile with jit_compile=False to verify")
+    task = _task(spec)
     _leave_out(arguments, task)
-    steps = Recording(plan, task, model) if plan.phase == "record" else Replay(plan, task, model)
+    leads = spec is None or spec.is_chief  # every worker starts from the same variables
+    steps = (Recording if plan.phase == "record" else Replay)(plan, task, leads, model)
     keras_internals.wrap_train_step(model, steps.wrap)
     if isinstance(steps, Replay):
         arguments.update(x=steps.dataset(), y=None, sample_weight=None, class_weight=None,
@@ -59,12 +62,21 @@ def prepare(plan: verify_plan.Plan, model, strategy, arguments: dict, task: str)
     return [steps.callback]
 
 
-def finish(plan: verify_plan.Plan, task: str) -> None:
+def finish(plan: verify_plan.Plan, spec) -> None:
     """Ends the process after the fit `plan` acted at: the rest of the program is not run."""
     done = "recorded" if plan.phase == "record" else "replayed on one device"
-    print(f"kdist verify ({task}): the first fit's steps {done}; the rest of the program is not "
-          "run", flush=True)
+    print(f"kdist verify ({_task(spec)}): the first fit's steps {done}; the rest of the program "
+          "is not run", flush=True)
     raise SystemExit(0)
+
+
+def _task(spec) -> str:
+    return spec.task if spec is not None and spec.task else "local"
+
+
+def _file(kind: str, task: str, extension: str) -> str:
+    """A file of `task`'s record: e.g. batches-worker-0.npz."""
+    return f"{kind}-{task.replace(':', '-')}.{extension}"
 
 
 def _leave_out(arguments: dict, task: str) -> None:
@@ -87,10 +99,10 @@ class _Steps:
     replica's batch to `keep`; once each replica took the steps, the fit stops and `reached`
     runs (at the fit's end if the data ends first)."""
 
-    def __init__(self, plan: verify_plan.Plan, task: str, model):
+    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model):
         import keras
 
-        self.plan, self.task, self.model = plan, task, model
+        self.plan, self.task, self.leads, self.model = plan, task, leads, model
         self.batches: dict[int, list] = {}  # replica id -> [each step's flat arrays]
         self.structure = None  # the nesting of a step's data, its leaves numbered
         self.done = False
@@ -147,16 +159,15 @@ class Recording(_Steps):
     """The distributed run: this worker's batches, and the variables before and after."""
 
     def begin(self) -> None:
-        if self.task in ("worker:0", "chief:0", "local"):  # every worker starts from the same
+        if self.leads:
             _save_variables(os.path.join(self.plan.folder, INITIAL), self.model)
 
     def reached(self, steps: int) -> None:
-        name = self.task.replace(":", "-")
         arrays = {f"s{s}_r{r}_l{k}": leaf for r, batches in self.batches.items()
                   for s, leaves in enumerate(batches[:steps]) for k, leaf in enumerate(leaves)}
-        np.savez(os.path.join(self.plan.folder, f"batches-{name}.npz"), **arrays)
-        _save_variables(os.path.join(self.plan.folder, f"final-{name}.npz"), self.model)
-        with open(os.path.join(self.plan.folder, f"record-{name}.json"), "w") as f:
+        np.savez(os.path.join(self.plan.folder, _file("batches", self.task, "npz")), **arrays)
+        _save_variables(os.path.join(self.plan.folder, _file("final", self.task, "npz")), self.model)
+        with open(os.path.join(self.plan.folder, _file("record", self.task, "json")), "w") as f:
             json.dump({"task": self.task, "replicas": sorted(self.batches), "steps": steps,
                        "structure": self.structure}, f)
 
@@ -165,8 +176,8 @@ class Replay(_Steps):
     """The one-device run: every recorded global batch, from the recorded start; at the end, the
     comparison with every worker (`report.json`)."""
 
-    def __init__(self, plan: verify_plan.Plan, task: str, model):
-        super().__init__(plan, task, model)
+    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model):
+        super().__init__(plan, task, leads, model)
         self.records = _records(plan.folder)
         self.steps = min(record["steps"] for record in self.records)
         if self.steps == 0:
@@ -198,12 +209,11 @@ class Replay(_Steps):
         one_device = [np.asarray(v.numpy()) for v in variables]
         workers = {}
         for record in self.records:
-            name = record["task"].replace(":", "-")
-            path = os.path.join(self.plan.folder, f"final-{name}.npz")
+            path = os.path.join(self.plan.folder, _file("final", record["task"], "npz"))
             workers[record["task"]], _ = _load_variables(path)
         report = comparison.compare(one_device, workers, [v.path for v in variables],
                                     [comparison.dtype_name(v.dtype) for v in variables])
-        report["replicas"] = sum(len(record["replicas"]) for record in self.records)
+        report["replicas"] = self.plan.replicas
         report["steps"] = steps
         with open(os.path.join(self.plan.folder, verify_plan.REPORT), "w") as f:
             json.dump(report, f, indent=1)
@@ -234,8 +244,7 @@ def _global_batches(folder: str, records: list, steps: int) -> list:
     """Each step's global batch: every replica's share of it, in replica order, leaf by leaf."""
     shares = {}  # replica id -> [each step's leaves]
     for record in records:
-        name = record["task"].replace(":", "-")
-        with np.load(os.path.join(folder, f"batches-{name}.npz")) as arrays:
+        with np.load(os.path.join(folder, _file("batches", record["task"], "npz"))) as arrays:
             for replica in record["replicas"]:
                 leaves = len([n for n in arrays.files if n.startswith(f"s0_r{replica}_")])
                 shares[replica] = [[arrays[f"s{s}_r{replica}_l{k}"] for k in range(leaves)]
