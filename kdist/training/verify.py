@@ -165,9 +165,10 @@ class Recording(_Steps):
     def reached(self, steps: int) -> None:
         arrays = {f"s{s}_r{r}_l{k}": leaf for r, batches in self.batches.items()
                   for s, leaves in enumerate(batches[:steps]) for k, leaf in enumerate(leaves)}
-        np.savez(os.path.join(self.plan.folder, _file("batches", self.task, "npz")), **arrays)
-        _save_variables(os.path.join(self.plan.folder, _file("final", self.task, "npz")), self.model)
-        with open(os.path.join(self.plan.folder, _file("record", self.task, "json")), "w") as f:
+        folder = self.plan.folder
+        np.savez(os.path.join(folder, _file("batches", self.task, "npz")), **arrays)
+        _save_variables(os.path.join(folder, _file("final", self.task, "npz")), self.model)
+        with open(os.path.join(folder, _file("record", self.task, "json")), "w") as f:
             json.dump({"task": self.task, "replicas": sorted(self.batches), "steps": steps,
                        "structure": self.structure}, f)
 
