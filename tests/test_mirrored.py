@@ -24,6 +24,8 @@ def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
     assert report["global_batch"] == 8 * replicas
     assert report["training_change"] > 1e-2  # the weights really moved...
     assert report["max_weight_diff"] < 1e-5  # ...and identically to one device with batch n*b
+    # A Python generator's batches in its order, none skipped (the build read batches of its own)
+    assert report["generator_max_weight_diff"] < 1e-5
     assert report["loss"] == pytest.approx(report["reference_loss"], rel=1e-5)
     assert report["loss"][1] < report["loss"][0]
     assert report["bare_scope_replicas"] == replicas  # regression: it silently became 1

@@ -24,29 +24,19 @@ from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 # 1. `_maybe_symbolic_build` all-reduces the first batch just to learn its shapes. Under MWMS the
 #    cross-worker `strategy.reduce(MEAN, <nested PerReplica>, axis=None)` cannot convert the
 #    PerReplica structure and raises "Attempt to convert a value (PerReplica...) with an unsupported
-#    type" (flat inputs and dict inputs alike). Shapes need no collective: take the first local
-#    replica's batch.
+#    type" (flat inputs and dict inputs alike). Shapes need no collective, nor a batch: build from
+#    the spec of one replica's batch. Reading a batch made an iterator of its own, and for a Python
+#    generator (which every iterator of Keras's dataset shares) that iterator's prefetch took the
+#    generator's next batches from training: 4 batches of 5 skipped, under Mirrored too.
 def _symbolic_build_without_collective(original):
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):
-        import keras
-        import tensorflow as tf
+        from kdist.keras_seam import tf_internals
 
         if keras_internals.strategy_of(self) is None or iterator is None:
             return original(self, iterator=iterator, data_batch=data_batch)
-        strategy = self.distribute_strategy
-        dataset = keras_internals.distributed_dataset(iterator)
-        # A continuing dataset's batch is read from an iterator of its own: its shared one
-        # must start the first epoch with the first batch.
-        iterators = [iter(dataset.dataset)] if isinstance(dataset, inputs.Continuing) \
-            else keras_internals.epoch_iterators(iterator)
-        for it in iterators:
-            batch = next(it)
-            data_batch = keras.tree.map_structure(
-                lambda v: (strategy.experimental_local_results(v)[0]
-                           if isinstance(v, tf.distribute.DistributedValues) else v), batch)
-            break
-        return original(self, iterator=None, data_batch=data_batch)
+        spec = keras_internals.distributed_dataset(iterator).element_spec
+        return original(self, iterator=None, data_batch=tf_internals.one_replica_spec(spec))
 
     return _maybe_symbolic_build
 

@@ -132,6 +132,18 @@ def is_mirrored(strategy) -> bool:
     return isinstance(strategy.extended, mirrored_strategy.MirroredExtended)
 
 
+def one_replica_spec(element_spec):
+    """The spec of one replica's batch, from a distributed dataset's `element_spec` (a
+    `PerReplicaSpec` per tensor where a worker holds several replicas). No public API opens a
+    `PerReplicaSpec`."""
+    import tensorflow as tf
+    from tensorflow.python.distribute import values
+
+    return tf.nest.map_structure(
+        lambda spec: spec._value_specs[0] if isinstance(spec, values.PerReplicaSpec) else spec,
+        element_spec)
+
+
 def canonical_device(name: str) -> str:
     """A device name in TensorFlow's full form ('/cpu:0' -> '/job:.../device:CPU:0')."""
     from tensorflow.python.distribute import device_util
