@@ -57,6 +57,31 @@ def test_every_exchange_path_and_share_trains_as_one_device(tmp_path, cell):
     assert report["workers_agree"]["largest"]["difference"] == 0.0
 
 
+@pytest.mark.parametrize("source", ["generator", "pydataset1", "pydataset2", "tfrecord"])
+def test_every_input_trains_as_one_device(tmp_path, source):
+    """The inputs users bring, on 2 real workers against one device: a Python generator, a
+    PyDataset with 1 and 2 loader threads (shuffled by fit) and one TFRecord file (sharded by
+    data); the five global batches replayed are the epoch's 69 rows, each once."""
+    result, report = verify(tmp_path, env={"INPUT": source, "RECORDS": str(tmp_path)})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert report["one_device"]["first_differing"] is None, report
+    assert report["workers_agree"]["largest"]["difference"] == 0.0
+    shares = [np.load(tmp_path / f"batches-worker-{w}.npz") for w in (0, 1)]
+    steps = [[shares[w][f"s{s}_r{w}_l0"] for w in (0, 1)] for s in range(5)]
+    assert sorted([len(a), len(b)] for a, b in steps) == [[3, 2]] + [[8, 8]] * 4
+    x = np.random.default_rng(0).integers(0, 40, (ROWS, 6))
+    assert sorted(map(tuple, np.concatenate(sum(steps, [])))) == sorted(map(tuple, x))
+
+
+def test_a_one_row_share_trains_as_one_device(tmp_path):
+    """66 rows: the last global batch has 2 rows, one for each worker."""
+    result, report = verify(tmp_path, env={"ROWS": "66"})
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-3000:]
+    assert report["one_device"]["first_differing"] is None, report
+    shares = [np.load(tmp_path / f"batches-worker-{w}.npz") for w in (0, 1)]
+    assert [len(shares[w]["s4_r%d_l0" % w]) for w in (0, 1)] == [1, 1]
+
+
 def test_a_wrong_sum_every_worker_agrees_on_is_found_and_named(tmp_path):
     """The Embedding's gradient sum counted twice on every worker: the replica check cannot see
     it (the workers agree); verify names the variable."""
@@ -68,6 +93,15 @@ def test_a_wrong_sum_every_worker_agrees_on_is_found_and_named(tmp_path):
     assert first["variable"].endswith("embedding/embeddings"), first
     assert abs(first["value"] - first["expected"]) > first["tolerance"]
     assert "first variable that differs: " + first["variable"] in result.stdout
+
+
+def test_a_lossy_compressor_is_named_as_the_expected_difference(tmp_path):
+    """fp16 compression cannot train as one device does: verify shows by how much, and says why."""
+    result, report = verify(tmp_path, env={"EXCHANGE": "fp16"})
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-3000:]
+    assert report["lossy"].startswith("FP16(") and report["one_device"]["first_differing"]
+    assert report["workers_agree"]["first_differing"] is None
+    assert "expected: the gradients are compressed with FP16(" in result.stdout
 
 
 def test_a_program_without_fit_and_a_bad_flag_are_refused_with_the_fix(tmp_path):

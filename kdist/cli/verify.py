@@ -123,6 +123,9 @@ def _print_report(path: str, workers: int) -> int:
     print(f"  every worker holds the same variables: {_verdict(agree)}")
     print(f"  against one device: {_verdict(one)}")
     same = agree["first_differing"] is None and one["first_differing"] is None
+    if not same and report["lossy"]:
+        print(f"  expected: the gradients are compressed with {report['lossy']}, which is lossy; "
+              "verify without compression to check the rest")
     print("kdist verify: the same training as one device" if same else
           "kdist verify: DIFFERENT from one device")
     return exit_codes.OK if same else exit_codes.VERIFY_DIFFERS

@@ -73,7 +73,8 @@ def dispatch(name: str, original, arguments):
             added.append(_step_watch(model, spec, options))
         plan = verify_plan.Plan.of_environment()
         if plan is not None:
-            added = verify.prepare(plan, model, strategy, spec, arguments.arguments) + added
+            added = verify.prepare(plan, model, strategy, spec, arguments.arguments,
+                                   options) + added
         if added:
             arguments.arguments["callbacks"] = [*added, *(arguments.arguments.get("callbacks")
                                                           or [])]

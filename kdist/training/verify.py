@@ -39,9 +39,9 @@ logger = logging.getLogger("kdist")
 INITIAL = "initial.npz"
 
 
-def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict) -> list:
+def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict, options) -> list:
     """Changes this fit's `arguments` for `plan`'s phase (`spec`: the strategy's cluster, None for
-    one process); returns the callbacks to add first."""
+    one process; `options`: the model's TrainingOptions); returns the callbacks to add first."""
     verify_plan.mark_done()
     if is_parameter_server(strategy):
         raise UsageError("kdist verify", "ParameterServerStrategy trains asynchronously, so no "
@@ -53,7 +53,8 @@ def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict) -> l
     task = _task(spec)
     _leave_out(arguments, task)
     leads = spec is None or spec.is_chief  # every worker starts from the same variables
-    steps = (Recording if plan.phase == "record" else Replay)(plan, task, leads, model)
+    steps = Recording(plan, task, leads, model, options.compression) \
+        if plan.phase == "record" else Replay(plan, task, leads, model)
     keras_internals.wrap_train_step(model, steps.wrap)
     if isinstance(steps, Replay):
         arguments.update(x=steps.dataset(), y=None, sample_weight=None, class_weight=None,
@@ -156,7 +157,12 @@ class _Steps:
 
 
 class Recording(_Steps):
-    """The distributed run: this worker's batches, and the variables before and after."""
+    """The distributed run: this worker's batches, and the variables before and after; and the
+    gradients' compressor, if any (lossy: the report says a difference is expected)."""
+
+    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model, compressor):
+        super().__init__(plan, task, leads, model)
+        self.lossy = None if compressor is None else repr(compressor)
 
     def begin(self) -> None:
         if self.leads:
@@ -170,7 +176,7 @@ class Recording(_Steps):
         _save_variables(os.path.join(folder, _file("final", self.task, "npz")), self.model)
         with open(os.path.join(folder, _file("record", self.task, "json")), "w") as f:
             json.dump({"task": self.task, "replicas": sorted(self.batches), "steps": steps,
-                       "structure": self.structure}, f)
+                       "structure": self.structure, "lossy": self.lossy}, f)
 
 
 class Replay(_Steps):
@@ -215,6 +221,7 @@ class Replay(_Steps):
         report = comparison.compare(one_device, workers, [v.path for v in variables],
                                     [comparison.dtype_name(v.dtype) for v in variables])
         report["replicas"] = self.plan.replicas
+        report["lossy"] = self.records[0]["lossy"]
         report["steps"] = steps
         with open(os.path.join(self.plan.folder, verify_plan.REPORT), "w") as f:
             json.dump(report, f, indent=1)

@@ -1,10 +1,14 @@
 """A user's program for tests/test_verify.py: an Embedding model (sparse gradients, repeated ids)
 beside a variable without a gradient, on ROWS rows (default 69) that leave a short last batch,
-shuffled, unseeded: NumPy arrays, or with INPUT=tfdata a tf.data dataset of dict features with
-sample weights. EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives"
-(TensorFlow's), "buckets" (bucket_bytes) or "aggregate" (aggregate_every=2). With PLANT=1 the sum of the Embedding's
-gradients is counted twice on every worker: wrong, yet every worker agrees (the replica check
-cannot see it; kdist verify must).
+in batches of 16. INPUT picks how they come: NumPy arrays shuffled by fit (the default),
+"tfdata" (a tf.data dataset of dict features with sample weights, shuffled without a seed),
+"generator" (a Python generator looping over seeded reshuffles, with steps_per_epoch),
+"pydataset1" and "pydataset2" (a keras.utils.PyDataset with 1 and 2 loader threads, shuffled by
+fit) or "tfrecord" (one TFRecord file in RECORDS that the chief writes, read by every worker).
+EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives" (TensorFlow's),
+"buckets" (bucket_bytes), "aggregate" (aggregate_every=2) or "fp16" (a lossy compressor). With
+PLANT=1 the sum of the Embedding's gradients is counted twice on every worker: wrong, yet every
+worker agrees (the replica check cannot see it; kdist verify must).
 
     kdist verify --workers 2 -- python verify_job.py
 """
@@ -18,7 +22,7 @@ import tensorflow as tf
 
 ROWS = int(os.environ.get("ROWS", "69"))
 OPTIONS = {"": {}, "collectives": {"all_reduce": "ring"}, "buckets": {"bucket_bytes": 64},
-           "aggregate": {"aggregate_every": 2}}[os.environ.get("EXCHANGE", "")]
+           "aggregate": {"aggregate_every": 2}, "fp16": {"compression": "fp16"}}[os.environ.get("EXCHANGE", "")]
 rng = np.random.default_rng(0)
 x = rng.integers(0, 40, (ROWS, 6)).astype("int32")
 y = rng.normal(size=(ROWS, 1)).astype("float32")
@@ -49,11 +53,59 @@ with kdist.scope(**OPTIONS):
     pooled = keras.layers.GlobalAveragePooling1D()(Unused()(keras.layers.Embedding(40, 4)(ids)))
     model = keras.Model({"ids": ids}, keras.layers.Dense(1)(pooled))
     model.compile(keras.optimizers.Adam(0.01), "mse")
-if os.environ.get("INPUT") == "tfdata":
+BATCHES = -(-ROWS // 16)
+
+
+def batch(rows):
+    return {"ids": x[rows]}, y[rows]
+
+
+def generator():
+    order = np.random.default_rng(1)
+    while True:  # a fresh order each pass, the same on every worker
+        shuffled = order.permutation(ROWS)
+        for start in range(0, ROWS, 16):
+            yield batch(shuffled[start:start + 16])
+
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return BATCHES
+
+    def __getitem__(self, index):
+        return batch(np.arange(index * 16, min(ROWS, (index + 1) * 16)))
+
+
+def records(path):
+    if kdist.cluster().is_chief:
+        with tf.io.TFRecordWriter(path) as writer:
+            for ids, target in zip(x, y):
+                writer.write(tf.train.Example(features=tf.train.Features(feature={
+                    "ids": tf.train.Feature(int64_list=tf.train.Int64List(value=ids)),
+                    "y": tf.train.Feature(float_list=tf.train.FloatList(value=target))}))
+                    .SerializeToString())
+    kdist.barrier()
+    features = {"ids": tf.io.FixedLenFeature([6], tf.int64), "y": tf.io.FixedLenFeature([1], tf.float32)}
+
+    def parse(record):
+        example = tf.io.parse_single_example(record, features)
+        return {"ids": tf.cast(example["ids"], tf.int32)}, example["y"]
+
+    return tf.data.TFRecordDataset(path).map(parse).batch(16)
+
+
+source = os.environ.get("INPUT", "numpy")
+if source == "tfdata":
     weights = rng.uniform(0.5, 2.0, ROWS).astype("float32")
     data = tf.data.Dataset.from_tensor_slices(({"ids": x}, y, weights))
     data = data.shuffle(ROWS).batch(16)  # unseeded, as the tutorials write it
     model.fit(data, epochs=3, verbose=0)
+elif source == "generator":
+    model.fit(generator(), steps_per_epoch=BATCHES, epochs=3, verbose=0)
+elif source.startswith("pydataset"):
+    model.fit(Batches(workers=int(source[-1])), shuffle=True, epochs=3, verbose=0)
+elif source == "tfrecord":
+    model.fit(records(os.path.join(os.environ["RECORDS"], "rows.tfrecord")), epochs=3, verbose=0)
 else:
     model.fit({"ids": x}, y, batch_size=16, epochs=3, verbose=0)
 print("the program went on after fit")
