@@ -58,6 +58,14 @@ def test_ksync_below_the_worker_count_goes_on_without_a_stopped_worker(synced):
     assert synced["stopped_ksync3"]["history"]["ps_gradients_dropped"][1] > 0
 
 
+def test_the_critical_section_never_waits_for_the_worker(synced):
+    """Its inputs are copied to ps 0 before the mutex is taken, and all it computes runs there:
+    none of it is left to the worker (the default device). Before, a worker stopped while holding
+    the mutex held every update (ksync:2 under 2 updates in 5 s in 4-7 of 12 stops)."""
+    assert synced["sections_seen"] > 0
+    assert synced["on_the_worker"] == []
+
+
 def test_stale_zero_never_applies_a_gradient_computed_on_old_variables(synced):
     stats = synced["stale0"]["stats"]
     assert stats["staleness_histogram"][0] > 0 and sum(stats["staleness_histogram"][1:]) == 0

@@ -10,6 +10,7 @@ trains one small MLP per case and writes OUT/sync.json:
                   update) and until 2 updates, at most PROGRESS_SECONDS, for ksync:2
   stale0, kbatch2 the modes' epoch logs and staleness histograms on shuffled data
   refused         ps_sync errors (bad value)
+  on_the_worker   the ops of the critical section placed where the step runs (the worker)
 """
 
 import gc
@@ -28,6 +29,7 @@ kdist.strategy()  # ps and worker tasks serve here and exit when the chief is do
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
+from kdist import model_state  # noqa: E402
 from ps_helpers import ExampleCount, task_process  # noqa: E402
 
 STEPS, BATCH, STOP_SECONDS, PROGRESS_SECONDS = 16, 32, 6, 60
@@ -135,6 +137,35 @@ report["ksync3_equal"] = {
     "history": history, "updates": updates, "stats": kdist.ps.sync_stats(model),
     "max_weight_difference": max(float(np.abs(a - b).max()) for a, b in
                                  zip(model.get_weights(), reference.get_weights()))}
+
+
+
+def on_the_worker(graph, inside=False):
+    """The ops of the sync's critical section in `graph` (and its branches) without a ps device
+    that compute (not a resource op, which runs where its variable is): a worker stopped while
+    holding the mutex would hold every update until they ran."""
+    found = []
+    for op in graph.get_operations():
+        within = inside or "critical_section_execute" in op.name
+        computes = op.type not in ("Placeholder", "NoOp", "Const") and not any(
+            t.dtype == tf.resource for t in op.inputs)
+        if within and computes and "/job:ps" not in op.device:
+            found.append(f"{op.type} {op.name} {op.device!r}")
+        for attr in ("then_branch", "else_branch"):
+            if attr in op.node_def.attr:
+                found += on_the_worker(graph._get_function(op.node_def.attr[attr].func.name).graph,
+                                       within)
+    return found
+
+
+trained = [function for key, function in model_state.of(model).functions.items()
+           if key[0].startswith("train")]
+report["on_the_worker"] = [found for function in trained
+                           for concrete in function._list_all_concrete_functions()
+                           for found in on_the_worker(concrete.graph)]
+report["sections_seen"] = sum("critical_section_execute" in op.name for function in trained
+                              for concrete in function._list_all_concrete_functions()
+                              for op in concrete.graph.get_operations())
 
 for mode in ("ksync:2", "ksync:3"):
     model = build(mode)

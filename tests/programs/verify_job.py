@@ -22,7 +22,8 @@ import tensorflow as tf
 
 ROWS = int(os.environ.get("ROWS", "69"))
 OPTIONS = {"": {}, "collectives": {"all_reduce": "ring"}, "buckets": {"bucket_bytes": 64},
-           "aggregate": {"aggregate_every": 2}, "fp16": {"compression": "fp16"}}[os.environ.get("EXCHANGE", "")]
+           "aggregate": {"aggregate_every": 2},
+           "fp16": {"compression": "fp16"}}[os.environ.get("EXCHANGE", "")]
 rng = np.random.default_rng(0)
 x = rng.integers(0, 40, (ROWS, 6)).astype("int32")
 y = rng.normal(size=(ROWS, 1)).astype("float32")
@@ -85,7 +86,8 @@ def records(path):
                     "y": tf.train.Feature(float_list=tf.train.FloatList(value=target))}))
                     .SerializeToString())
     kdist.barrier()
-    features = {"ids": tf.io.FixedLenFeature([6], tf.int64), "y": tf.io.FixedLenFeature([1], tf.float32)}
+    features = {"ids": tf.io.FixedLenFeature([6], tf.int64),
+                "y": tf.io.FixedLenFeature([1], tf.float32)}
 
     def parse(record):
         example = tf.io.parse_single_example(record, features)
