@@ -136,7 +136,7 @@ def _checksum_function(model, strategy, variables):
     cache = states.of(model).functions
     key = ("replica_checksums", tuple(id(v) for v in variables))
     if key not in cache:
-        @tf.function
+        @tf.function(autograph=False)  # nothing to convert
         def checksums():
             def replica():
                 local = tf.stack([_checksum(v.value) for v in variables])
@@ -185,7 +185,7 @@ def _differences(strategy, variables, checksums) -> list[Difference]:
     import numpy as np
     import tensorflow as tf
 
-    @tf.function
+    @tf.function(autograph=False)  # nothing to convert
     def gathered():
         def replica():
             context = tf.distribute.get_replica_context()

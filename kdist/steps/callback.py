@@ -94,7 +94,7 @@ class StepWatch(keras.callbacks.Callback):
 
         strategy = self.model.distribute_strategy
         if self._gather is None:
-            @tf.function
+            @tf.function(autograph=False)  # nothing to convert
             def gather(values):
                 def replica(values):
                     return tf.distribute.get_replica_context().all_gather(values[None], axis=0)
