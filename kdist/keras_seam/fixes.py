@@ -27,7 +27,7 @@ from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 #    type" (flat inputs and dict inputs alike). Shapes need no collective, nor a batch: build from
 #    the spec of one replica's batch. Reading a batch made an iterator of its own, and for a Python
 #    generator (which every iterator of Keras's dataset shares) that iterator's prefetch took the
-#    generator's next batches from training: 4 batches of 5 skipped, under Mirrored too.
+#    generator's next batches from training (a 5-step fit skipped 4 batches), under Mirrored too.
 def _symbolic_build_without_collective(original):
     @functools.wraps(original)
     def _maybe_symbolic_build(self, iterator=None, data_batch=None):

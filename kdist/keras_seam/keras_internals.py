@@ -146,19 +146,6 @@ def per_replica_variables(aggregation: str):
 
 
 # ------------------------------------------------------------------ fit's epoch iterator
-# How `TFEpochIterator` hands out each execution's tf.data iterator (the last item of each tuple):
-# Keras <= 3.6 through `enumerate_epoch()`, as (step, iterator); 3.7-3.10 by iterating it, as
-# (step, iterator); 3.11+ by iterating it, as (first_step, last_step, iterator).
-_EPOCH_ITERATION = {("3.0.0", "3.6.99"): lambda epoch: epoch.enumerate_epoch(),
-                    ("3.7.0", versions.KERAS_RANGE[1]): iter}
-
-
-def epoch_iterators(epoch_iterator):
-    """Yields the tf.data iterator of each execution of a `TFEpochIterator`'s epoch."""
-    for *_, iterator in versions.for_running_keras(_EPOCH_ITERATION)(epoch_iterator):
-        yield iterator
-
-
 def distributed_dataset(epoch_iterator):
     """The distributed dataset a `TFEpochIterator` iterates."""
     return epoch_iterator._distributed_dataset

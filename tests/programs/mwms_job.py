@@ -24,7 +24,7 @@ import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from kdist.keras_seam import patches as keras_seam  # noqa: E402
 from kdist.keras_seam import classes, hooks  # noqa: E402
-from kdist.keras_seam.keras_internals import epoch_iterators  # noqa: E402
+from kdist.keras_seam.versions import version  # noqa: E402
 
 TFEpochIterator = classes.resolve("TFEpochIterator")  # TensorFlowTrainer's module, whatever its name
 
@@ -53,6 +53,16 @@ def error_of(fn):
     except Exception as err:  # the upstream bug, recorded for the test
         return f"{type(err).__name__}: {err}"[:300]
     return None
+
+
+def epoch_iterators(epoch_iterator):
+    """The tf.data iterator of each execution of a `TFEpochIterator`'s epoch: Keras <= 3.6 hands
+    them out through `enumerate_epoch()`, later ones by iterating it (the iterator is the last
+    item of each tuple)."""
+    executions = epoch_iterator.enumerate_epoch() if version(keras.__version__) < (3, 7, 0) \
+        else iter(epoch_iterator)
+    for *_, iterator in executions:
+        yield iterator
 
 
 def shard_of_one_epoch(epochs=1):
