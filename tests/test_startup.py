@@ -25,9 +25,17 @@ def tf_config(ports, index):
                        "task": {"type": "worker", "index": index}})
 
 
+def as_in_a_terminal():
+    """Ctrl-C's default action, as a program started in a terminal has it. A test run started in
+    the background (`nohup ... &`, as CI machines may) ignores SIGINT, and its children inherit
+    that: Python then keeps SIGINT ignored, and the Ctrl-C test would wait in vain."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def start(ports, index, epochs=1, **env):
     return subprocess.Popen([sys.executable, PROGRAM, str(epochs)], cwd=ROOT, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            preexec_fn=as_in_a_terminal,
                             env={**os.environ, **QUIET_TF, "TF_CONFIG": tf_config(ports, index),
                                  **env})
 
