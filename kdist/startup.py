@@ -49,6 +49,7 @@ DEFAULT_STARTUP_TIMEOUT = 600.0
 FIRST_REPORT = 3.0  # seconds before the first line (a healthy start-up is over by then)
 REPORT_EVERY = 30.0
 POLL = 0.25
+SAME_TASK = b"kdist: same task "  # what a second process given this task's index says to the first
 
 
 class PeersMissing(SystemExit):
@@ -106,6 +107,9 @@ def wait_for_peers(spec, timeout: float, roles=("chief", "worker", "ps"),
                        if (problem := probe(address)) is not None]
             if not missing:
                 return
+            if own is not None and (twin := _twin_knocked(own, spec.task)) is not None:
+                raise _two_of(spec, f"another process ({twin}) started as {spec.task} on this host "
+                              f"while this one waited for {_named(missing[0])}")
             waited = time.monotonic() - started
             if waited >= timeout:
                 raise _missing(spec, missing, waited, what, deadline_from)
@@ -151,12 +155,52 @@ def hold_port(spec) -> socket.socket:
         own.bind(("", port))
     except OSError as error:
         own.close()
+        taken = f"port {port} of task {spec.task} is taken on this host ({os.strerror(error.errno)})"
+        if _tell_holder(port, spec.task):
+            raise _two_of(spec, f"{taken}, by a process that started as {spec.task} too") from None
         raise validators.UsageError(
-            f"{spec.source}.cluster.{spec.task_type}[{spec.task_index}]",
-            f"port {port} of task {spec.task} is taken on this host ({os.strerror(error.errno)})",
+            f"{spec.source}.cluster.{spec.task_type}[{spec.task_index}]", taken,
             "stop what holds it (ss -ltnp), or give this task another port") from None
     own.listen(16)
+    own.setblocking(False)  # the wait reads who knocks without waiting for anyone
     return own
+
+
+def _two_of(spec, problem: str) -> validators.UsageError:
+    return validators.UsageError(
+        f"{spec.source}.task", f"{problem}: two tasks were given the index {spec.task_index}",
+        f"give each task its own index (task.index 0 to {len(spec.jobs[spec.task_type]) - 1} "
+        f"for {spec.task_type})")
+
+
+def _tell_holder(port: int, task: str) -> bool:
+    """Tells a kdist task waiting for its peers on `port` that this process was given its index
+    (`task`) too; whether it was one (it answers in kind)."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as holder:
+            holder.sendall(SAME_TASK + task.encode() + f" (pid {os.getpid()})\n".encode())
+            return holder.recv(len(SAME_TASK)) == SAME_TASK
+    except OSError:
+        return False
+
+
+def _twin_knocked(own: socket.socket, task: str) -> str | None:
+    """Who said it was given this task's index too, of the connections `own` holds (peers
+    probing it send nothing and close); None if nobody did."""
+    while True:
+        try:
+            knock, _ = own.accept()
+        except OSError:  # nobody waiting (BlockingIOError)
+            return None
+        with knock:
+            knock.settimeout(POLL)
+            try:
+                said = knock.recv(256)
+                if said.startswith(SAME_TASK):
+                    knock.sendall(SAME_TASK + task.encode() + b"\n")
+                    return said[len(SAME_TASK):].decode(errors="replace").strip()
+            except OSError:
+                continue
 
 
 @contextlib.contextmanager

@@ -109,6 +109,31 @@ def test_a_taken_port_is_named_with_the_fix(ports):
            in output and "Fix: stop what holds it (ss -ltnp)" in output
 
 
+def test_two_tasks_given_one_index_are_both_told_at_once(ports):
+    """Both processes start as worker:0 and nobody as worker:1: the second finds the port taken
+    by a process that started as worker:0 too, and the first, which waits for worker:1, hears it
+    from the second; both name the index and the fix within seconds (not the 600 s deadline)."""
+    first = start(ports, 0)
+    try:
+        read_until(first, "has waited", timeout=60)  # it holds its port and waits for worker:1
+        second = start(ports, 0)
+        try:
+            second_output, _ = second.communicate(timeout=scaled(60))
+            first_output, _ = first.communicate(timeout=scaled(20))
+        finally:
+            second.kill()
+    finally:
+        first.kill()
+        first.wait()
+    for output, process in ((first_output, first), (second_output, second)):
+        assert process.returncode == 1, output[-3000:]
+        assert "TF_CONFIG.task: " in output and "two tasks were given the index 0" in output
+        assert "Fix: give each task its own index (task.index 0 to 1 for worker)" in output
+    assert f"port {ports[0]} of task worker:0 is taken on this host" in second_output
+    assert "by a process that started as worker:0 too" in second_output
+    assert "started as worker:0 on this host while this one waited for worker:1" in first_output
+
+
 def test_once_training_runs_sigterm_still_ends_a_task(ports):
     """TensorFlow's coordination service swaps the process's SIGTERM handler for one that only
     records the signal; kdist puts the program's back after start-up."""
