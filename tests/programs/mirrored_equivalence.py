@@ -66,7 +66,9 @@ def fit_generator(scope):
     with scope:
         model = build()
     model.set_weights(initial)
-    model.fit(batches(), steps_per_epoch=STEPS, epochs=2, verbose=0)
+    # One epoch: a second one makes Keras a new iterator, whose prefetch from the generator (shared
+    # by every iterator) is racy; that is a separate, open problem (#52's closing note).
+    model.fit(batches(), steps_per_epoch=STEPS, epochs=1, verbose=0)
     return model
 
 
