@@ -94,16 +94,18 @@ def no_orphans():
 @pytest.fixture
 def netns():
     """Network namespaces (root, iproute2) for the multi-host tests: skipped where there are none,
-    except in CI (.ci/run sets KDIST_REQUIRE_NETNS, so they always run there). Afterwards no `kd*`
-    namespace may be left behind."""
+    except in CI (.ci/run sets KDIST_REQUIRE_NETNS, so they always run there). Namespaces left by
+    an earlier run that was killed are deleted first; afterwards the test may leave none."""
     from kdist.k8s import netlab
 
     reason = netlab.unavailable_reason()
     if reason and not os.environ.get("KDIST_REQUIRE_NETNS"):
         pytest.skip(reason)
+    netlab.remove_stale()
+    before = set(netlab.namespaces())
     yield
-    left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-    assert not [line for line in left.splitlines() if line.startswith("kd")], left
+    left = sorted(set(netlab.namespaces()) - before)
+    assert not left, f"namespaces left behind: {left}"
 
 
 CPU_CGROUPS = "/sys/fs/cgroup/cpu"  # cgroup v1's CPU controller

@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import os
 import subprocess
 import re
 import sys
@@ -183,6 +184,22 @@ def test_network_namespaces_resolve_each_other_and_carry_traffic(netns):
             serving.wait()
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == network.addresses["a.test"] == "10.213.0.1"
+
+
+def test_a_killed_runs_namespaces_are_swept_and_a_live_ones_kept(netns):
+    # A run killed before its Network closed leaves kd<pid>* namespaces behind; the next run's
+    # tests must not fail on them (they failed CI once), and a running network must be kept.
+    ended = subprocess.Popen([sys.executable, "-c", "pass"])
+    ended.wait()
+    stale, live = f"kd{ended.pid}h0", f"kd{os.getpid()}h9"
+    for name in (stale, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        assert netlab.remove_stale() == [stale]
+        assert stale not in netlab.namespaces() and live in netlab.namespaces()
+    finally:
+        subprocess.run(["ip", "netns", "delete", live])
+        subprocess.run(["ip", "netns", "delete", stale], capture_output=True)
 
 
 def test_evicted_and_preempted_pods_do_not_spend_the_backoff_limit():

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 from typing import Sequence
@@ -30,6 +31,45 @@ def unavailable_reason() -> str | None:
     if shutil.which("ip") is None or shutil.which("tc") is None:
         return "iproute2 (ip, tc) is not installed: apt-get install iproute2"
     return None
+
+
+def namespaces() -> list[str]:
+    """Every namespace a Network made and has not deleted yet (named ``kd<pid>...``)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    names = [line.split()[0] for line in listed.splitlines() if line.strip()]
+    return [name for name in names if re.fullmatch(r"kd\d+(sw|h\d+)", name)]
+
+
+def remove_stale() -> list[str]:
+    """Deletes the namespaces left by a process that no longer runs (a run killed before its
+    Network could close) and returns their names; a live process's namespaces are kept."""
+    stale = [name for name in namespaces() if not _alive(int(re.match(r"kd(\d+)", name)[1]))]
+    for name in stale:
+        _delete(name)
+    return stale
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _delete(namespace: str) -> None:
+    """Kills what runs in `namespace`, then deletes it and its /etc/netns folder."""
+    pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
+                          text=True).stdout.split()
+    for pid in pids:
+        try:
+            os.kill(int(pid), 9)
+        except ProcessLookupError:
+            pass
+    subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
+    shutil.rmtree(os.path.join(NETNS_CONFIG, namespace), ignore_errors=True)
 
 
 def rate_bits(rate: str) -> float:
@@ -108,15 +148,7 @@ class Network:
     def close(self) -> None:
         """Deletes every namespace this network made (killing what still runs in them)."""
         for namespace in reversed(self._made):
-            pids = subprocess.run(["ip", "netns", "pids", namespace], capture_output=True,
-                                  text=True).stdout.split()
-            for pid in pids:
-                try:
-                    os.kill(int(pid), 9)
-                except ProcessLookupError:
-                    pass
-            subprocess.run(["ip", "netns", "delete", namespace], capture_output=True)
-            shutil.rmtree(os.path.join(NETNS_CONFIG, namespace), ignore_errors=True)
+            _delete(namespace)
         self._made.clear()
 
     # ------------------------------------------------------------------ set-up
