@@ -100,6 +100,8 @@ OWNERS = {
     "Variable": lambda: importlib.import_module("keras.src.backend").Variable,
     "Metric": _public("metrics.Metric"),
     "ArrayDataAdapter": _array_data_adapter,
+    "GeneratorDataAdapter": lambda: importlib.import_module(
+        "keras.src.trainers.data_adapters.generator_data_adapter").GeneratorDataAdapter,
     "PyDatasetAdapter": lambda: importlib.import_module(
         "keras.src.trainers.data_adapters.py_dataset_adapter").PyDatasetAdapter,
     "TFDatasetAdapter": lambda: importlib.import_module(

@@ -75,8 +75,9 @@ def _scalar_reduce(original):
 # 3. fit's input under MultiWorkerMirrored (`kdist.keras_seam.inputs`): in-memory arrays shuffled
 #    by one seed on every worker (Keras <= 3.15 shuffles each worker's differently), a PyDataset's
 #    batches loaded in one order on every worker, a dataset of fewer files than workers sharded
-#    by DATA where FILE sharding would fail, and one iterator across epochs where an epoch's
-#    batches are counted.
+#    by DATA where FILE sharding would fail, one iterator across epochs where an epoch's
+#    batches are counted, and (under Mirrored too) a generator's batches copied before
+#    TensorFlow, which may write into them, sees them.
 def _consistent_array_shuffle(original):
     @functools.wraps(original)
     def __init__(self, distribute_strategy=None, *args, **kwargs):
@@ -110,6 +111,21 @@ def _consistent_pydataset_order(original):
             epochs = inputs.EpochCount(adapter)
             self._distributed_dataset = distribute_strategy.distribute_datasets_from_function(
                 lambda context: inputs.pydataset_shares(adapter, seed, epochs, context))
+
+    return __init__
+
+
+def _generator_batches_copied(original):
+    @functools.wraps(original)
+    def __init__(self, distribute_strategy=None, *args, **kwargs):
+        from kdist.keras_seam import classes
+
+        original(self, distribute_strategy, *args, **kwargs)
+        adapter = self.data_adapter
+        if (isinstance(adapter, classes.resolve("GeneratorDataAdapter"))
+                and distribute_strategy is not None
+                and distribute_strategy.num_replicas_in_sync > 1):
+            adapter.generator = inputs.copied_batches(adapter.generator)  # read per iterator
 
     return __init__
 
@@ -361,6 +377,12 @@ FIXES = [
               "its own unseeded random, and the iterator Keras makes at each epoch's end "
               "competes for the loader's batches, so some examples train twice per epoch and "
               "others never (MultiWorkerMirrored; Mirrored on a loaded machine)"),
+    Patch("generator_batches_copied", FIX,
+          {Target("TFEpochIterator", "__init__"): _generator_batches_copied},
+          upstream="none filed; see kdist/keras_seam/inputs.py",
+          why="fit(generator) under Mirrored overwrites the arrays the generator yields views "
+              "of (those on 64 bytes, as large arrays are): every later pass trains on wrong "
+              "data (TF 2.17 and 2.21; not reproduced on TF 2.22)"),
     Patch("tf_data_under_multi_worker", FIX,
           {Target("TFEpochIterator", "__init__"): _tf_data_under_multi_worker},
           upstream="none filed; TensorFlow's AUTO policy raises instead of falling back to DATA",

@@ -1,4 +1,4 @@
-"""fit's input under MultiWorkerMirrored: every worker sees the same global batches, in the same
+"""fit's input under several replicas: every worker sees the same global batches, in the same
 order, each taking its replicas' shares, as one device takes the whole batch.
 
 Keras hands a tf.data dataset of global batches to `experimental_distribute_dataset`, which
@@ -32,6 +32,13 @@ by FILE, and makes two new iterators per epoch. Three inputs go wrong there:
    to `shared_seed` when it builds MultiWorkerMirrored (`seed_unseeded_shuffles`), so every
    worker's unseeded shuffles draw the same seeds, in the program's order, and still reshuffle
    each epoch.
+5. **A Python generator** under several replicas of one process (Mirrored): the batches it yields
+   reach TensorFlow without a copy (`from_generator`), and splitting a batch between the replicas
+   lets the step write into the memory of the user's own arrays (a generator yielding
+   `y[i:i + 64]` had `y` overwritten whenever `y` lay on 64 bytes, as NumPy places large arrays:
+   Keras 3.15 + TensorFlow 2.21 and Keras 3.5 + TensorFlow 2.17, with MirroredStrategy alone;
+   not reproduced on TensorFlow 2.22), so every later pass over them trained on wrong data.
+   kdist hands TensorFlow a copy of each batch the generator yields (`copied_batches`).
 """
 
 from __future__ import annotations
@@ -210,6 +217,24 @@ def pydataset_shares(adapter, seed: int, epochs: EpochCount, context):
                                              output_signature=adapter._output_signature)
     return pipeline_shares(batches, context, lambda element, replica: share(
         element, replica, context.num_replicas_in_sync)).prefetch(tf.data.AUTOTUNE)
+
+
+# ------------------------------------------------------------------ 5. Python generators
+def copied_batches(source):
+    """Keras's generator adapter's `source` of batches (a function returning an iterator of them;
+    in Keras 3.5 the iterator itself), yielding copies of the batches' arrays: TensorFlow
+    may write into what it is given, never into the user's memory."""
+    import keras
+    import numpy as np
+
+    def copied(leaf):
+        return np.array(leaf, copy=True) if isinstance(leaf, np.ndarray) else leaf
+
+    def copies(batches):
+        for batch in batches:
+            yield keras.tree.map_structure(copied, batch)
+
+    return (lambda: copies(source())) if callable(source) else copies(source)
 
 
 # ------------------------------------------------------------------ 3. files and workers

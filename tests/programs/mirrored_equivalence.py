@@ -55,25 +55,46 @@ def fit_steps_per_execution(k):
     return model, history
 
 
+def aligned_copy(array):
+    """`array` copied into memory aligned on 64 bytes, as NumPy places large arrays (on pages)."""
+    raw = np.empty(array.nbytes + 64, np.uint8)
+    start = -raw.ctypes.data % 64
+    aligned = raw[start:start + array.nbytes].view(array.dtype).reshape(array.shape)
+    aligned[...] = array
+    return aligned
+
+
+gx, gy = aligned_copy(x), aligned_copy(y)  # TensorFlow wrote into such arrays (upstream below)
+
+
 def batches():
-    """The user's Python generator: the global batches in order, looping."""
+    """The user's Python generator: the global batches in order, looping, views of gx and gy."""
     while True:
         for start in range(0, len(x), global_batch):
-            yield x[start:start + global_batch], y[start:start + global_batch]
+            yield gx[start:start + global_batch], gy[start:start + global_batch]
 
 
 def fit_generator(scope):
     with scope:
         model = build()
     model.set_weights(initial)
-    # One epoch: a second one makes Keras a new iterator, whose prefetch from the generator (shared
-    # by every iterator) is racy; that is a separate, open problem (#52's closing note).
-    model.fit(batches(), steps_per_epoch=STEPS, epochs=1, verbose=0)
+    model.fit(batches(), steps_per_epoch=STEPS, epochs=2, verbose=0)
     return model
 
 
+def arrays_kept() -> bool:
+    return bool((gx == x).all() and (gy == y).all())
+
+
 from_generator = fit_generator(kdist.scope())
+generator_arrays_kept = arrays_kept()
 reference_generator = fit_generator(tf.distribute.get_strategy().scope())
+# Upstream (the fix uninstalled): Mirrored writes into the generator's arrays.
+copy_fix = keras_seam.patch("generator_batches_copied")
+copy_fix.uninstall()
+fit_generator(strategy.scope())  # not kdist.scope(): it would install the fix again
+generator_arrays_kept_upstream = arrays_kept()
+copy_fix.install()
 by_one, _ = fit_steps_per_execution(1)
 try:
     by_three, by_three_history = fit_steps_per_execution(3)
@@ -105,6 +126,7 @@ if scaling_was_active:
 
 print(json.dumps({
     "keras": keras.__version__,
+    "tensorflow": tf.__version__,
     "loss_scaling_fix_active": scaling_was_active,
     "unscaled_max_weight_diff": max(float(np.abs(a - b).max()) for a, b in
                                     zip(unscaled.get_weights(), reference.get_weights())),
@@ -116,6 +138,8 @@ print(json.dumps({
                            zip(distributed.get_weights(), reference.get_weights())),
     "generator_max_weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(
         from_generator.get_weights(), reference_generator.get_weights())),
+    "generator_arrays_kept": generator_arrays_kept,
+    "generator_arrays_kept_upstream": generator_arrays_kept_upstream,
     "training_change": max(float(np.abs(a - b).max()) for a, b in
                            zip(distributed.get_weights(), initial)),
     "loss": distributed_history.history["loss"],
