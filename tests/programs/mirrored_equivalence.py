@@ -86,6 +86,21 @@ def arrays_kept() -> bool:
     return bool((gx == x).all() and (gy == y).all())
 
 
+class Batches(keras.utils.PyDataset):
+    """The same global batches as a PyDataset, views of gx and gy."""
+
+    def __len__(self):
+        return STEPS
+
+    def __getitem__(self, index):
+        rows = slice(index * global_batch, (index + 1) * global_batch)
+        return gx[rows], gy[rows]
+
+
+with kdist.scope():
+    from_pydataset = build()
+from_pydataset.fit(Batches(), epochs=1, verbose=0)
+pydataset_arrays_kept = arrays_kept()
 from_generator = fit_generator(kdist.scope())
 generator_arrays_kept = arrays_kept()
 reference_generator = fit_generator(tf.distribute.get_strategy().scope())
@@ -139,6 +154,7 @@ print(json.dumps({
     "generator_max_weight_diff": max(float(np.abs(a - b).max()) for a, b in zip(
         from_generator.get_weights(), reference_generator.get_weights())),
     "generator_arrays_kept": generator_arrays_kept,
+    "pydataset_arrays_kept": pydataset_arrays_kept,
     "generator_arrays_kept_upstream": generator_arrays_kept_upstream,
     "training_change": max(float(np.abs(a - b).max()) for a, b in
                            zip(distributed.get_weights(), initial)),
