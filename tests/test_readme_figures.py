@@ -22,6 +22,8 @@ NAMES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(RESULTS,
 
 # Figures in the prose that are settings or test tolerances, not measurements; each says what it is.
 SETTINGS = {
+    "64 bytes": "the alignment at which TF <= 2.21 under Mirrored wrote into a generator's arrays "
+                "(test_mirrored.py builds such arrays)",
     "40%": "heartbeat timeout of TF's coordination service, as a share of dead_peer_timeout",
     "60 s": "the default dead_peer_timeout",
     "6 s": "the dead_peer_timeout the fault-tolerance test sets",

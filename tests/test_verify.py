@@ -83,15 +83,15 @@ def test_a_one_row_share_trains_as_one_device(tmp_path):
 
 
 def test_a_wrong_sum_every_worker_agrees_on_is_found_and_named(tmp_path):
-    """The Embedding's gradient sum counted twice on every worker: the replica check cannot see
-    it (the workers agree); verify names the variable."""
+    """Half of the Embedding's summed gradient counted twice on every worker: the replica check
+    cannot see it (the workers agree); verify names the variable, well beyond the tolerance."""
     result, report = verify(tmp_path, env={"PLANT": "1"})
     assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-3000:]
     assert "kdist verify: DIFFERENT from one device" in result.stdout
     assert report["workers_agree"]["first_differing"] is None
     first = report["one_device"]["first_differing"]
     assert first["variable"].endswith("embedding/embeddings"), first
-    assert abs(first["value"] - first["expected"]) > first["tolerance"]
+    assert abs(first["value"] - first["expected"]) > 10 * first["tolerance"]
     assert "first variable that differs: " + first["variable"] in result.stdout
 
 

@@ -7,8 +7,9 @@ in batches of 16. INPUT picks how they come: NumPy arrays shuffled by fit (the d
 fit) or "tfrecord" (one TFRecord file in RECORDS that the chief writes, read by every worker).
 EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives" (TensorFlow's),
 "buckets" (bucket_bytes), "aggregate" (aggregate_every=2) or "fp16" (a lossy compressor). With
-PLANT=1 the sum of the Embedding's gradients is counted twice on every worker: wrong, yet every
-worker agrees (the replica check cannot see it; kdist verify must).
+PLANT=1 the first half of the Embedding's summed gradient slices is counted twice on every worker:
+wrong, yet every worker agrees (the replica check cannot see it; kdist verify must). Not the whole
+sum twice: Adam divides a gradient by its own scale, so that would train almost as one device.
 
     kdist verify --workers 2 -- python verify_job.py
 """
@@ -32,9 +33,15 @@ if os.environ.get("PLANT"):
 
     summed = comm.Comm.all_reduce_sum
 
+    def half_twice(slices):
+        rows = tf.shape(slices.values)[0]
+        twice = tf.concat([tf.fill([rows // 2], 2.0), tf.ones([rows - rows // 2])], 0)
+        return tf.IndexedSlices(slices.values * twice[:, None], slices.indices,
+                                slices.dense_shape)
+
     def counted_twice(self, tensors):
-        return [tf.IndexedSlices(t.values * 2, t.indices, t.dense_shape)
-                if isinstance(t, tf.IndexedSlices) else t for t in summed(self, tensors)]
+        return [half_twice(t) if isinstance(t, tf.IndexedSlices) else t
+                for t in summed(self, tensors)]
 
     comm.Comm.all_reduce_sum = counted_twice
 
