@@ -9,8 +9,11 @@ import sys
 import pytest
 
 from conftest import run_kdist, run_python
+from kdist.keras_seam import versions
+from kdist.keras_seam.versions import version
 
 pytestmark = pytest.mark.compat  # on every stack of the version matrix
+KERAS_FROM_3_16 = version(versions.installed(versions.KERAS_DISTRIBUTIONS)) >= (3, 16, 0)
 
 WORKERS = ("worker0", "worker1")
 
@@ -90,17 +93,25 @@ def test_an_explicit_file_policy_with_too_few_files_is_refused_with_the_fix(job)
 
 def test_upstream_keras_and_tensorflow_still_need_the_fixes(job):
     """Without TensorFlow's global seed (kdist sets one), unseeded tf.data shuffles differ per
-    worker (examples trained twice). Without consistent_pydataset_order the workers shuffle
-    differently: a step's shares come from different batches (Keras 3.5; 3.15 also trains
-    examples twice an epoch), or whole batches train twice an epoch (Keras 3.16); without
-    tf_data_under_multi_worker fit fails at its first batch (the worker that reads no file says
-    why; its peer loses it). When these pass upstream, give the fixes their
-    fixed_in."""
-    assert not like_one_device(job, "upstream_pydataset_2"), steps(job, "upstream_pydataset_2")
+    worker (examples trained twice); without tf_data_under_multi_worker fit fails at its first
+    batch (the worker that reads no file says why; its peer loses it). When these pass upstream,
+    give the fixes their fixed_in."""
     duplicated = [len(e) - len(set(e)) for e in epochs(job, "upstream_tfdata_shuffled")]
     assert max(duplicated) > 0, duplicated  # an unseeded tf.data shuffle without kdist's seed
     errors = [report["upstream_tfrecord"] for report in job["reports"]]
     assert any("Could not apply FILE based sharding" in error for error in errors), errors
+
+
+@pytest.mark.xfail(KERAS_FROM_3_16, strict=False,
+                   reason="on Keras 3.16 the upstream PyDataset bug is a race (the iterator made "
+                          "at an epoch's end competes for the loader): earlier runs of the "
+                          "tf2.22-keras3.16 tier trained whole batches twice, the last two did not")
+def test_upstream_pydataset_still_needs_the_fix(job):
+    """Without consistent_pydataset_order the workers shuffle differently: a step's shares come
+    from different batches (Keras 3.5; 3.15 also trains examples twice an epoch), or whole
+    batches train twice an epoch (Keras 3.16). When it passes upstream, give the fix its
+    fixed_in."""
+    assert not like_one_device(job, "upstream_pydataset_2"), steps(job, "upstream_pydataset_2")
 
 
 def test_a_pydataset_under_a_mirrored_strategy_kdist_did_not_build_trains():
