@@ -41,7 +41,7 @@ def _symbolic_build_without_collective(original):
     return _maybe_symbolic_build
 
 
-SEVERAL_STEPS = "keras_seam.tracing_several_steps"  # fix 5's function is tracing its steps
+SEVERAL_STEPS = "keras_seam.tracing_several_steps"  # fix 6's function is tracing its steps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -72,7 +72,31 @@ def _scalar_reduce(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 3. fit's input under MultiWorkerMirrored (`kdist.keras_seam.inputs`): in-memory arrays shuffled
+# 3. Under a strategy of several replicas TensorFlow reads a dataset through a MultiDeviceIterator,
+#    and deleting one waits until the autotuning thread of the dataset it reads next wakes up
+#    (`RootDataset::Iterator`'s destructor, gdb): up to the thread's optimization period, which
+#    doubles as the iterator lives. Every fit, evaluate and predict ends with that wait (1.1-1.4 s
+#    after a 3 s fit on 2 workers here; a plain tf.data iterator never waits). The datasets Keras
+#    builds from arrays and generators are read without the autotuning model; a user's own tf.data
+#    pipeline keeps the options its author chose.
+def _distributed_reads_end_at_once(original):
+    @functools.wraps(original)
+    def __init__(self, distribute_strategy=None, *args, **kwargs):
+        from kdist.keras_seam import classes
+
+        original(self, distribute_strategy, *args, **kwargs)
+        built_by_keras = tuple(classes.resolve(name) for name in (
+            "ArrayDataAdapter", "GeneratorDataAdapter"))
+        if (isinstance(self.data_adapter, built_by_keras) and distribute_strategy is not None
+                and distribute_strategy.num_replicas_in_sync > 1):
+            self._distributed_dataset = distribute_strategy.experimental_distribute_dataset(
+                inputs.without_autotune(self.data_adapter.get_tf_dataset()))
+
+    return __init__
+
+
+# ----------------------------------------------------------------------------------------------
+# 4. fit's input under MultiWorkerMirrored (`kdist.keras_seam.inputs`): in-memory arrays shuffled
 #    by one seed on every worker (Keras <= 3.15 shuffles each worker's differently), a PyDataset's
 #    batches loaded in one order on every worker, a dataset of fewer files than workers sharded
 #    by DATA where FILE sharding would fail, one iterator across epochs where an epoch's
@@ -162,7 +186,7 @@ def _tf_data_under_multi_worker(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 4. Keras 3's `Variable.assign_add/assign_sub` is `assign(self + value)`: a read-modify-write.
+# 5. Keras 3's `Variable.assign_add/assign_sub` is `assign(self + value)`: a read-modify-write.
 #    Under ParameterServerStrategy the workers update the same ps variables concurrently, so
 #    increments are lost: metrics come out wrong (accuracy 1.12 measured) and
 #    `optimizer.iterations` undercounts. Under PSS, kdist uses the variable's own
@@ -186,7 +210,7 @@ def _atomic(name: str):
 
 
 # ----------------------------------------------------------------------------------------------
-# 5. `steps_per_execution > 1` under Mirrored and MultiWorkerMirrored: Keras runs each execution's
+# 6. `steps_per_execution > 1` under Mirrored and MultiWorkerMirrored: Keras runs each execution's
 #    steps in a `tf.while_loop` whose body calls the distributed step inside a `tf.cond`; TF then
 #    fails with "You must feed a value for placeholder tensor '...while/cond/Placeholder...'"
 #    (Keras <= 3.6 unrolled the steps in Python and has no such loop). Under those strategies kdist
@@ -246,7 +270,7 @@ def _steps_per_execution(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 6. Keras < 3.8 does not scale the loss for distribution: each replica's gradient is that of its
+# 7. Keras < 3.8 does not scale the loss for distribution: each replica's gradient is that of its
 #    mean loss, tf.distribute sums them across replicas, so every update is N times too large with
 #    N replicas (fixed in Keras 3.8 by keras-team/keras#20609). kdist divides the loss by the
 #    replicas in sync where the stock train_step turns it into gradients, `optimizer.scale_loss`
@@ -264,7 +288,7 @@ def _loss_scaled_per_replica(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 7. Keras < 3.10 creates metric variables as ordinary (mirrored) variables: each worker keeps its
+# 8. Keras < 3.10 creates metric variables as ordinary (mirrored) variables: each worker keeps its
 #    own counts, so two MWMS workers log different losses and `evaluate` reports one worker's
 #    share of the data (Keras 3.10 creates them synchronised on read, keras-team/keras#21072).
 #    kdist creates them per replica and combined on read, with the metric's own aggregation, also
@@ -295,7 +319,7 @@ def _deferred_initialize(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 8. TensorFlow 2.22: a parameter-server chief whose worker died during training can hang at exit.
+# 9. TensorFlow 2.22: a parameter-server chief whose worker died during training can hang at exit.
 #    As the interpreter ends, each traced function's finalizer asks the runtime to remove it from
 #    every task it ran on; the request to the dead worker (EagerContext::
 #    MaybeRemoveFunctionRemotely -> GrpcEagerClient::StreamingEnqueueAsync) waits without a
@@ -316,7 +340,7 @@ def _leaves_without_remote_removal(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 9. `predict_on_batch(x)` under several replicas runs the whole undistributed batch on every
+# 10. `predict_on_batch(x)` under several replicas runs the whole undistributed batch on every
 #    replica and concatenates their outputs: 64 rows in, 128 out under 2 replicas (Mirrored and
 #    MultiWorkerMirrored alike). kdist predicts the batch as `predict` does, one batch of its rows
 #    split over the replicas, in input order.
@@ -337,7 +361,7 @@ def _predict_on_batch_distributed(original):
 
 
 # ----------------------------------------------------------------------------------------------
-# 10. Keras < 3.8 reduces a loss over an empty batch to 0 / 0: a replica whose share of a short
+# 11. Keras < 3.8 reduces a loss over an empty batch to 0 / 0: a replica whose share of a short
 #     last batch is empty logs a NaN loss for the whole epoch (its weights stay right: an empty
 #     share's gradient is zeros). Later Keras divides with divide_no_nan. kdist makes an empty
 #     batch's loss 0, as one device never sees it.
@@ -363,6 +387,12 @@ FIXES = [
     Patch("scalar_metric_reduce", FIX, {Target("trainer module", "reduce_per_replica"): _scalar_reduce},
           upstream="keras-team/keras#20585",
           why="every step's logs under MultiWorkerMirrored fail: scalars reduced along axis 0"),
+    Patch("distributed_reads_end_at_once", FIX,
+          {Target("TFEpochIterator", "__init__"): _distributed_reads_end_at_once},
+          upstream="none filed; see kdist/keras_seam/fixes.py",
+          why="every fit, evaluate and predict under several replicas ends waiting for "
+              "tf.data's autotuning thread (up to its optimization period, seconds into a "
+              "fit) before it returns"),
     Patch("consistent_array_shuffle", FIX,
           {Target("TFEpochIterator", "__init__"): _consistent_array_shuffle},
           upstream="none filed; see kdist/keras_seam/inputs.py (Keras 3.16 shuffles with a "

@@ -1,0 +1,93 @@
+"""How a strategy of several replicas reads fit's input, and what deleting its reader costs.
+
+Run by tests/test_mirrored.py as `python distributed_reads.py` (2 logical CPU devices, one
+process). Prints one JSON line:
+- `autotuned`: for each kind of input, whether the dataset the strategy reads keeps tf.data's
+  autotuning model (fix distributed_reads_end_at_once: not for what Keras or kdist builds; a
+  user's own tf.data pipeline as its author set it);
+- `upstream`: how many MultiDeviceIterators over an autotuned dataset were read and deleted
+  until a deletion waited (and how long it waited).
+"""
+
+import json
+import time
+
+import kdist
+
+devices = kdist.split_cpu(2)
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+from tensorflow.python.data.ops import multi_device_iterator_ops  # noqa: E402
+
+from kdist.keras_seam import classes  # noqa: E402
+
+x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
+y = np.zeros((64, 1), "float32")
+
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 4
+
+    def __getitem__(self, index):
+        return x[index * 16:(index + 1) * 16], y[index * 16:(index + 1) * 16]
+
+
+def generator():
+    while True:
+        yield x[:16], y[:16]
+
+
+def read_options(distributed):
+    """The options of the dataset(s) `distributed` reads (kdist's Continuing unwrapped)."""
+    distributed = getattr(distributed, "dataset", distributed)
+    if hasattr(distributed, "_original_dataset"):  # experimental_distribute_dataset
+        return [distributed._original_dataset.options()]
+    return [dataset.options() for dataset in distributed._datasets]  # ...from_function
+
+
+def autotuned(strategy, **inputs_of_fit) -> list:
+    iterator = classes.resolve("TFEpochIterator")(distribute_strategy=strategy, **inputs_of_fit)
+    list(zip(range(1), iterator.enumerate_epoch()))  # from_function datasets are made lazily
+    return [options.autotune.enabled is not False for options in
+            read_options(iterator._distributed_dataset)]
+
+
+def deletions_until_a_wait(most: int = 60) -> dict:
+    """Upstream: MultiDeviceIterators over one device over an autotuned dataset, each read for
+    0.3-1.05 s (one shuffled batch gathered from 8,000 x 784 floats per 3 ms, as steps take),
+    then deleted, until a deletion waits over 0.1 s (1 to 4 in 16 did here), at most `most`."""
+    rows = np.zeros((8000, 784), "float32")
+    for k in range(most):
+        order = tf.data.Dataset.range(len(rows)).shuffle(len(rows), seed=k).batch(64)
+        dataset = tf.data.Dataset.zip((order, tf.data.Dataset.from_tensors(rows).repeat()))
+        dataset = dataset.map(lambda taken, every: tf.gather(every, taken)).repeat()
+        iterator = multi_device_iterator_ops.OwnedMultiDeviceIterator(
+            dataset.prefetch(tf.data.AUTOTUNE), ["/cpu:0"])
+        started = time.perf_counter()
+        while time.perf_counter() - started < 0.3 + 0.05 * (k % 16):
+            next(iterator)
+            time.sleep(0.003)
+        started = time.perf_counter()
+        del iterator
+        if time.perf_counter() - started > 0.1:
+            return {"deletions": k + 1, "wait_s": time.perf_counter() - started}
+    return {"deletions": most, "wait_s": None}
+
+
+with kdist.scope(devices=devices) as strategy:
+    pass
+print(json.dumps({
+    "replicas": strategy.num_replicas_in_sync,
+    "autotuned": {
+        "arrays, shuffled": autotuned(strategy, x=x, y=y, batch_size=16, shuffle=True),
+        "arrays (evaluate)": autotuned(strategy, x=x, y=y, batch_size=16, shuffle=False),
+        "generator": autotuned(strategy, x=generator(), steps_per_epoch=4),
+        "PyDataset": autotuned(strategy, x=Batches()),
+        "user's tf.data": autotuned(
+            strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
+    },
+    "upstream": deletions_until_a_wait(),
+}))
