@@ -71,6 +71,20 @@ def _scalar_reduce(original):
     return reduce_per_replica
 
 
+def _after_epoch_iterator_init(adjust):
+    """A fix of `TFEpochIterator.__init__`: Keras's, then ``adjust(iterator, strategy)``, which
+    may replace the iterator's distributed dataset or change its adapter."""
+    def make(original):
+        @functools.wraps(original)
+        def __init__(self, distribute_strategy=None, *args, **kwargs):
+            original(self, distribute_strategy, *args, **kwargs)
+            adjust(self, distribute_strategy)
+
+        return __init__
+
+    return make
+
+
 # ----------------------------------------------------------------------------------------------
 # 3. Under a strategy of several replicas TensorFlow reads a dataset through a MultiDeviceIterator,
 #    and deleting one waits until the autotuning thread of the dataset it reads next wakes up
@@ -79,20 +93,15 @@ def _scalar_reduce(original):
 #    after a 3 s fit on 2 workers here; a plain tf.data iterator never waits). The datasets Keras
 #    builds from arrays and generators are read without the autotuning model; a user's own tf.data
 #    pipeline keeps the options its author chose.
-def _distributed_reads_end_at_once(original):
-    @functools.wraps(original)
-    def __init__(self, distribute_strategy=None, *args, **kwargs):
-        from kdist.keras_seam import classes
+def _distributed_reads_end_at_once(iterator, strategy):
+    from kdist.keras_seam import classes
 
-        original(self, distribute_strategy, *args, **kwargs)
-        built_by_keras = tuple(classes.resolve(name) for name in (
-            "ArrayDataAdapter", "GeneratorDataAdapter"))
-        if (isinstance(self.data_adapter, built_by_keras) and distribute_strategy is not None
-                and distribute_strategy.num_replicas_in_sync > 1):
-            self._distributed_dataset = distribute_strategy.experimental_distribute_dataset(
-                inputs.without_autotune(self.data_adapter.get_tf_dataset()))
-
-    return __init__
+    built_by_keras = tuple(classes.resolve(name) for name in (
+        "ArrayDataAdapter", "GeneratorDataAdapter"))
+    if (isinstance(iterator.data_adapter, built_by_keras) and strategy is not None
+            and strategy.num_replicas_in_sync > 1):
+        iterator._distributed_dataset = strategy.experimental_distribute_dataset(
+            inputs.without_autotune(iterator.data_adapter.get_tf_dataset()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -102,56 +111,40 @@ def _distributed_reads_end_at_once(original):
 #    by DATA where FILE sharding would fail, one iterator across epochs where an epoch's
 #    batches are counted, and (under Mirrored too) a generator's batches copied before
 #    TensorFlow, which may write into them, sees them.
-def _consistent_array_shuffle(original):
-    @functools.wraps(original)
-    def __init__(self, distribute_strategy=None, *args, **kwargs):
-        from kdist.keras_seam import classes
+def _consistent_array_shuffle(iterator, strategy):
+    from kdist.keras_seam import classes
 
-        original(self, distribute_strategy, *args, **kwargs)
-        adapter = self.data_adapter
-        if (isinstance(adapter, classes.resolve("ArrayDataAdapter")) and adapter._shuffle
-                and is_multi_worker(distribute_strategy)):
-            seed = inputs.shared_seed(connected().cluster_of(distribute_strategy))
-            self._distributed_dataset = inputs.Continuing(
-                distribute_strategy.distribute_datasets_from_function(
-                    lambda context: inputs.array_shares(adapter, seed, context)))
-
-    return __init__
+    adapter = iterator.data_adapter
+    if (isinstance(adapter, classes.resolve("ArrayDataAdapter")) and adapter._shuffle
+            and is_multi_worker(strategy)):
+        seed = inputs.shared_seed(connected().cluster_of(strategy))
+        iterator._distributed_dataset = inputs.Continuing(
+            strategy.distribute_datasets_from_function(
+                lambda context: inputs.array_shares(adapter, seed, context)))
 
 
-def _consistent_pydataset_order(original):
-    @functools.wraps(original)
-    def __init__(self, distribute_strategy=None, *args, **kwargs):
-        from kdist.keras_seam import classes
+def _consistent_pydataset_order(iterator, strategy):
+    from kdist.keras_seam import classes
 
-        original(self, distribute_strategy, *args, **kwargs)
-        adapter = self.data_adapter
-        if (isinstance(adapter, classes.resolve("PyDatasetAdapter"))
-                and adapter.py_dataset.num_batches is not None
-                and distribute_strategy.num_replicas_in_sync > 1
-                and not is_parameter_server(distribute_strategy)):
-            adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
-            seed = inputs.shared_seed(connected().cluster_of(distribute_strategy))
-            epochs = inputs.EpochCount(adapter)
-            self._distributed_dataset = distribute_strategy.distribute_datasets_from_function(
-                lambda context: inputs.pydataset_shares(adapter, seed, epochs, context))
-
-    return __init__
+    adapter = iterator.data_adapter
+    if (isinstance(adapter, classes.resolve("PyDatasetAdapter"))
+            and adapter.py_dataset.num_batches is not None
+            and strategy.num_replicas_in_sync > 1
+            and not is_parameter_server(strategy)):
+        adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
+        seed = inputs.shared_seed(connected().cluster_of(strategy))
+        epochs = inputs.EpochCount(adapter)
+        iterator._distributed_dataset = strategy.distribute_datasets_from_function(
+            lambda context: inputs.pydataset_shares(adapter, seed, epochs, context))
 
 
-def _generator_batches_copied(original):
-    @functools.wraps(original)
-    def __init__(self, distribute_strategy=None, *args, **kwargs):
-        from kdist.keras_seam import classes
+def _generator_batches_copied(iterator, strategy):
+    from kdist.keras_seam import classes
 
-        original(self, distribute_strategy, *args, **kwargs)
-        adapter = self.data_adapter
-        if (isinstance(adapter, classes.resolve("GeneratorDataAdapter"))
-                and distribute_strategy is not None
-                and distribute_strategy.num_replicas_in_sync > 1):
-            adapter.generator = inputs.copied_batches(adapter.generator)  # read per iterator
-
-    return __init__
+    adapter = iterator.data_adapter
+    if (isinstance(adapter, classes.resolve("GeneratorDataAdapter")) and strategy is not None
+            and strategy.num_replicas_in_sync > 1):
+        adapter.generator = inputs.copied_batches(adapter.generator)  # read per iterator
 
 
 def _is_tf_data(dataset) -> bool:
@@ -161,28 +154,22 @@ def _is_tf_data(dataset) -> bool:
     return isinstance(dataset, tf.data.Dataset)
 
 
-def _tf_data_under_multi_worker(original):
-    @functools.wraps(original)
-    def __init__(self, distribute_strategy=None, *args, **kwargs):
-        from kdist.keras_seam import classes, tf_internals
+def _tf_data_under_multi_worker(iterator, strategy):
+    from kdist.keras_seam import classes, tf_internals
 
-        original(self, distribute_strategy, *args, **kwargs)
-        adapter = self.data_adapter
-        dataset = adapter.get_tf_dataset() if isinstance(
-            adapter, classes.resolve("TFDatasetAdapter")) else None
-        if _is_tf_data(dataset) and is_multi_worker(distribute_strategy):
-            resharded = inputs.file_sharding(
-                dataset, tf_internals.num_workers(distribute_strategy),
-                say=connected().cluster_of(distribute_strategy).is_chief)
-            continuing = inputs.continuing_epochs(resharded or dataset, self.steps_per_epoch)
-            if continuing is not None:
-                self._distributed_dataset = inputs.Continuing(
-                    distribute_strategy.experimental_distribute_dataset(continuing))
-            elif resharded is not None:
-                self._distributed_dataset = \
-                    distribute_strategy.experimental_distribute_dataset(resharded)
-
-    return __init__
+    adapter = iterator.data_adapter
+    dataset = adapter.get_tf_dataset() if isinstance(
+        adapter, classes.resolve("TFDatasetAdapter")) else None
+    if _is_tf_data(dataset) and is_multi_worker(strategy):
+        resharded = inputs.file_sharding(
+            dataset, tf_internals.num_workers(strategy),
+            say=connected().cluster_of(strategy).is_chief)
+        continuing = inputs.continuing_epochs(resharded or dataset, iterator.steps_per_epoch)
+        if continuing is not None:
+            iterator._distributed_dataset = inputs.Continuing(
+                strategy.experimental_distribute_dataset(continuing))
+        elif resharded is not None:
+            iterator._distributed_dataset = strategy.experimental_distribute_dataset(resharded)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -388,33 +375,38 @@ FIXES = [
           upstream="keras-team/keras#20585",
           why="every step's logs under MultiWorkerMirrored fail: scalars reduced along axis 0"),
     Patch("distributed_reads_end_at_once", FIX,
-          {Target("TFEpochIterator", "__init__"): _distributed_reads_end_at_once},
+          {Target("TFEpochIterator", "__init__"):
+           _after_epoch_iterator_init(_distributed_reads_end_at_once)},
           upstream="none filed; see kdist/keras_seam/fixes.py",
           why="every fit, evaluate and predict under several replicas ends waiting for "
               "tf.data's autotuning thread (up to its optimization period, seconds into a "
               "fit) before it returns"),
     Patch("consistent_array_shuffle", FIX,
-          {Target("TFEpochIterator", "__init__"): _consistent_array_shuffle},
+          {Target("TFEpochIterator", "__init__"):
+           _after_epoch_iterator_init(_consistent_array_shuffle)},
           upstream="none filed; see kdist/keras_seam/inputs.py (Keras 3.16 shuffles with a "
                    "stateless seed per epoch, the same on every worker)",
           keras_versions=("3.5.0", "3.15.99"), fixed_in="3.16.0",
           why="fit(arrays, shuffle=True) under MultiWorkerMirrored: each worker shards its own "
               "permutation, so some examples train twice per epoch and others never"),
     Patch("consistent_pydataset_order", FIX,
-          {Target("TFEpochIterator", "__init__"): _consistent_pydataset_order},
+          {Target("TFEpochIterator", "__init__"):
+           _after_epoch_iterator_init(_consistent_pydataset_order)},
           upstream="none filed; see kdist/keras_seam/inputs.py",
           why="fit(PyDataset) under several replicas: each worker shuffles the batch order with "
               "its own unseeded random, and the iterator Keras makes at each epoch's end "
               "competes for the loader's batches, so some examples train twice per epoch and "
               "others never (MultiWorkerMirrored; Mirrored on a loaded machine)"),
     Patch("generator_batches_copied", FIX,
-          {Target("TFEpochIterator", "__init__"): _generator_batches_copied},
+          {Target("TFEpochIterator", "__init__"):
+           _after_epoch_iterator_init(_generator_batches_copied)},
           upstream="none filed; see kdist/keras_seam/inputs.py",
           why="fit(generator) under Mirrored overwrites the arrays the generator yields views "
               "of (those on 64 bytes, as large arrays are): every later pass trains on wrong "
               "data (TF 2.17 and 2.21; not reproduced on TF 2.22)"),
     Patch("tf_data_under_multi_worker", FIX,
-          {Target("TFEpochIterator", "__init__"): _tf_data_under_multi_worker},
+          {Target("TFEpochIterator", "__init__"):
+           _after_epoch_iterator_init(_tf_data_under_multi_worker)},
           upstream="none filed; TensorFlow's AUTO policy raises instead of falling back to DATA",
           why="a dataset read from fewer files than workers fails at its first batch under "
               "MultiWorkerMirrored ('Could not apply FILE based sharding'), and each epoch's "
