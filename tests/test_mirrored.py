@@ -77,6 +77,7 @@ def test_loss_scaling_bug_upstream_on_keras_before_3_8_only(replicas):
 
 
 @functools.lru_cache(maxsize=None)
+@functools.cache  # one run serves both tests
 def distributed_reads():
     return run_report(["tests/programs/distributed_reads.py"], timeout=240)
 
@@ -90,10 +91,15 @@ def test_what_keras_and_kdist_build_is_read_without_autotuning():
     assert report["autotuned"] == {"arrays, shuffled": [False], "arrays (evaluate)": [False],
                                    "generator": [False], "PyDataset": [False],
                                    "user's tf.data": [True]}
+    # Each replica's own reader (TensorFlow's per-device dataset), whatever the input.
+    assert report["per_device_autotuned"] == [False, False]
+    assert report["per_device_autotuned_upstream"] == [True, True]
 
 
 def test_deleting_a_multi_device_iterator_waits_for_autotuning_upstream():
     """Upstream: deleting a MultiDeviceIterator over an autotuned dataset can wait for the
-    autotuning thread's next wake-up (1 to 4 deletions in 16 waited 0.1-2.3 s here)."""
-    upstream = distributed_reads()["upstream"]
-    assert upstream["wait_s"] is not None, f"no wait in {upstream['deletions']} deletions"
+    autotuning thread's next wake-up (1 to 4 deletions in 16 waited 0.1-2.3 s here), and over a
+    dataset without autotuning, for the thread of a device's own dataset (5 in 25, up to 1.25 s)."""
+    report = distributed_reads()
+    for upstream in (report["upstream"], report["upstream_per_device"]):
+        assert upstream["wait_s"] is not None, f"no wait in {upstream['deletions']} deletions"

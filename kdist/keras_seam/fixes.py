@@ -90,8 +90,11 @@ def _after_epoch_iterator_init(adjust):
 #    and deleting one waits until the autotuning thread of the dataset it reads next wakes up
 #    (`RootDataset::Iterator`'s destructor, gdb): up to the thread's optimization period, which
 #    doubles as the iterator lives. Every fit, evaluate and predict ends with that wait (1.1-1.4 s
-#    after a 3 s fit on 2 workers here; a plain tf.data iterator never waits). The datasets Keras
-#    builds from arrays and generators are read without the autotuning model; a user's own tf.data
+#    after a 3 s fit on 2 workers here; a plain tf.data iterator never waits). The iterator of
+#    each device waits the same way for its own autotuning thread (5 of 25 deletions, up to 1.25 s,
+#    over a dataset without autotuning). The datasets Keras builds from arrays and generators, and
+#    TensorFlow's per-device datasets (a generator over the MultiDeviceIterator and a prefetch of
+#    one element: nothing to tune), are read without the autotuning model; a user's own tf.data
 #    pipeline keeps the options its author chose.
 def _distributed_reads_end_at_once(iterator, strategy):
     from kdist.keras_seam import classes
@@ -102,6 +105,14 @@ def _distributed_reads_end_at_once(iterator, strategy):
             and strategy.num_replicas_in_sync > 1):
         iterator._distributed_dataset = strategy.experimental_distribute_dataset(
             inputs.without_autotune(iterator.data_adapter.get_tf_dataset()))
+
+
+def _device_dataset_without_autotune(original):
+    @functools.wraps(original)
+    def _create_device_dataset(*args, **kwargs):
+        return inputs.without_autotune(original(*args, **kwargs))
+
+    return _create_device_dataset
 
 
 # ----------------------------------------------------------------------------------------------
@@ -376,11 +387,13 @@ FIXES = [
           why="every step's logs under MultiWorkerMirrored fail: scalars reduced along axis 0"),
     Patch("distributed_reads_end_at_once", FIX,
           {Target("TFEpochIterator", "__init__"):
-           _after_epoch_iterator_init(_distributed_reads_end_at_once)},
+           _after_epoch_iterator_init(_distributed_reads_end_at_once),
+           Target("multi-device iterator module", "_create_device_dataset"):
+           _device_dataset_without_autotune},
           upstream="none filed; see kdist/keras_seam/fixes.py",
           why="every fit, evaluate and predict under several replicas ends waiting for "
-              "tf.data's autotuning thread (up to its optimization period, seconds into a "
-              "fit) before it returns"),
+              "tf.data's autotuning threads, the dataset's and each device's (up to their "
+              "optimization period, seconds into a fit) before it returns"),
     Patch("consistent_array_shuffle", FIX,
           {Target("TFEpochIterator", "__init__"):
            _after_epoch_iterator_init(_consistent_array_shuffle)},

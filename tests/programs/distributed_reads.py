@@ -5,8 +5,11 @@ process). Prints one JSON line:
 - `autotuned`: for each kind of input, whether the dataset the strategy reads keeps tf.data's
   autotuning model (fix distributed_reads_end_at_once: not for what Keras or kdist builds; a
   user's own tf.data pipeline as its author set it);
+- `per_device_autotuned`: whether the dataset of each device's iterator (TensorFlow's, over the
+  MultiDeviceIterator) keeps the autotuning model: with the fix, and upstream (the fix removed);
 - `upstream`: how many MultiDeviceIterators over an autotuned dataset were read and deleted
-  until a deletion waited (and how long it waited).
+  until a deletion waited (and how long it waited); `upstream_per_device`: the same over a
+  dataset without autotuning, the per-device datasets as TensorFlow makes them.
 """
 
 import json
@@ -21,7 +24,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from tensorflow.python.data.ops import multi_device_iterator_ops  # noqa: E402
 
-from kdist.keras_seam import classes  # noqa: E402
+from kdist.keras_seam import classes, inputs, patches  # noqa: E402
 
 x = np.random.default_rng(0).normal(size=(64, 5)).astype("float32")
 y = np.zeros((64, 1), "float32")
@@ -55,17 +58,27 @@ def autotuned(strategy, **inputs_of_fit) -> list:
             read_options(iterator._distributed_dataset)]
 
 
-def deletions_until_a_wait(most: int = 60) -> dict:
-    """Upstream: MultiDeviceIterators over one device over an autotuned dataset, each read for
-    0.3-1.05 s (one shuffled batch gathered from 8,000 x 784 floats per 3 ms, as steps take),
-    then deleted, until a deletion waits over 0.1 s (1 to 4 in 16 did here), at most `most`."""
+def per_device_autotuned(strategy) -> list:
+    """For each replica's iterator of a distributed user's dataset: does its dataset autotune?"""
+    distributed = iter(strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(16)))
+    device_iterators = distributed._iterators[0]._iterator._device_iterators
+    return [d._dataset.options().autotune.enabled is not False for d in device_iterators]
+
+
+def deletions_until_a_wait(autotuned_source: bool, most: int = 60) -> dict:
+    """Upstream: MultiDeviceIterators over one device, each read for 0.3-1.05 s (one shuffled
+    batch gathered from 8,000 x 784 floats per 3 ms, as steps take), then deleted, until a
+    deletion waits over 0.1 s (1 to 5 in 16 did here), at most `most`. The dataset they read
+    autotunes if `autotuned_source` (else only the per-device datasets may)."""
     rows = np.zeros((8000, 784), "float32")
     for k in range(most):
         order = tf.data.Dataset.range(len(rows)).shuffle(len(rows), seed=k).batch(64)
         dataset = tf.data.Dataset.zip((order, tf.data.Dataset.from_tensors(rows).repeat()))
         dataset = dataset.map(lambda taken, every: tf.gather(every, taken)).repeat()
+        dataset = dataset.prefetch(tf.data.AUTOTUNE)
         iterator = multi_device_iterator_ops.OwnedMultiDeviceIterator(
-            dataset.prefetch(tf.data.AUTOTUNE), ["/cpu:0"])
+            dataset if autotuned_source else inputs.without_autotune(dataset), ["/cpu:0"])
         started = time.perf_counter()
         while time.perf_counter() - started < 0.3 + 0.05 * (k % 16):
             next(iterator)
@@ -79,7 +92,7 @@ def deletions_until_a_wait(most: int = 60) -> dict:
 
 with kdist.scope(devices=devices) as strategy:
     pass
-print(json.dumps({
+report = {
     "replicas": strategy.num_replicas_in_sync,
     "autotuned": {
         "arrays, shuffled": autotuned(strategy, x=x, y=y, batch_size=16, shuffle=True),
@@ -89,5 +102,10 @@ print(json.dumps({
         "user's tf.data": autotuned(
             strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
     },
-    "upstream": deletions_until_a_wait(),
-}))
+    "per_device_autotuned": per_device_autotuned(strategy),
+    "upstream": deletions_until_a_wait(autotuned_source=True),
+}
+patches.patch("distributed_reads_end_at_once").uninstall()
+report.update(per_device_autotuned_upstream=per_device_autotuned(strategy),
+              upstream_per_device=deletions_until_a_wait(autotuned_source=False))
+print(json.dumps(report))
