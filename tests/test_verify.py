@@ -111,3 +111,13 @@ def test_a_program_without_fit_and_a_bad_flag_are_refused_with_the_fix(tmp_path)
     assert "the program ended without calling model.fit" in result.stderr
     result = run_kdist(["verify", "--steps", "0", "--", sys.executable, "-c", "pass"], timeout=60)
     assert result.returncode == 2 and "--steps: '0' is out of range" in result.stderr
+
+
+def test_a_one_device_run_past_its_timeout_shows_where_it_waits(tmp_path):
+    """The one-device run is asked for its threads' stacks before it is killed at --timeout."""
+    result = run_kdist(["verify", "--workers", "2", "--timeout", "40", "--keep", str(tmp_path),
+                        "--", *PROGRAM], timeout=240, env={"STALL_ALONE": "1"})
+    assert result.returncode == 124, result.stdout[-4000:] + result.stderr[-3000:]
+    assert "the one-device run took more than" in result.stderr  # run_kdist may lengthen it
+    stack = [line for line in result.stdout.splitlines() if "in stalled_alone" in line]
+    assert stack and stack[0].startswith("[one-device]"), result.stdout[-4000:]

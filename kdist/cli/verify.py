@@ -9,12 +9,14 @@ Exit code: 0 the same within the dtype's tolerance, 1 different, else the failin
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import threading
+import time
 
 from kdist import exit_codes
 from kdist.cli import parsing
@@ -58,7 +60,7 @@ def run(args) -> int:
                   "compare", file=sys.stderr)
             return code
         Plan(folder, "replay", args.steps, _recorded_replicas(folder)).write()
-        code = _one_device(command, env, args.timeout)
+        code = _one_device(command, env, args.timeout, folder)
         if code != exit_codes.OK or not os.path.exists(os.path.join(folder, REPORT)):
             print(f"kdist verify: the one-device run ended with exit code {code}"
                   f"{'' if code else ' without a report'}", file=sys.stderr)
@@ -84,18 +86,20 @@ def _recorded_replicas(folder: str) -> int:
     return replicas
 
 
-def _one_device(command: list, env: dict, timeout: float) -> int:
+def _one_device(command: list, env: dict, timeout: float, folder: str) -> int:
     """The program once, as one process on the default strategy (no cluster), its lines shown
-    as `[one-device] ...` without TensorFlow's start-up logging."""
-    from kdist.launch.group import is_tf_noise
+    as `[one-device] ...` without TensorFlow's start-up logging. Past `timeout` it is asked for
+    its threads' stacks (shown among its lines), then killed."""
+    from kdist.launch.group import FAILURE_ENV, is_tf_noise
 
     alone = {k: v for k, v in env.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
-    alone.update(KDIST_STRATEGY="default", PYTHONUNBUFFERED="1")
+    alone.update(KDIST_STRATEGY="default", PYTHONUNBUFFERED="1",
+                 **{FAILURE_ENV: os.path.join(folder, "failure-one-device.json")})
     alone.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with subprocess.Popen(command, env=alone, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, errors="replace") as process:
         expired = threading.Event()
-        timer = threading.Timer(timeout, lambda: (expired.set(), process.kill()))
+        timer = threading.Timer(timeout, lambda: (expired.set(), _stacks_then_kill(process)))
         timer.start()
         try:
             for line in process.stdout:
@@ -109,6 +113,16 @@ def _one_device(command: list, env: dict, timeout: float) -> int:
               file=sys.stderr)
         return exit_codes.TIMED_OUT
     return exit_codes.of_returncode(process.returncode)
+
+
+def _stacks_then_kill(process: subprocess.Popen) -> None:
+    """Asks the run for its Python stacks (kdist registered the signal in it), then kills it."""
+    from kdist.launch.group import STACKS_SECONDS, STACKS_SIGNAL
+
+    with contextlib.suppress(ProcessLookupError):
+        process.send_signal(STACKS_SIGNAL)
+        time.sleep(STACKS_SECONDS)
+        process.kill()
 
 
 def _print_report(path: str, workers: int) -> int:

@@ -10,11 +10,13 @@ EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives" 
 PLANT=1 the first half of the Embedding's summed gradient slices is counted twice on every worker:
 wrong, yet every worker agrees (the replica check cannot see it; kdist verify must). Not the whole
 sum twice: Adam divides a gradient by its own scale, so that would train almost as one device.
+With STALL_ALONE=1 the one-device run (KDIST_STRATEGY=default) waits forever before its fit.
 
     kdist verify --workers 2 -- python verify_job.py
 """
 
 import os
+import threading
 
 import kdist
 import keras
@@ -103,6 +105,12 @@ def records(path):
     return tf.data.TFRecordDataset(path).map(parse).batch(16)
 
 
+def stalled_alone():
+    threading.Event().wait()
+
+
+if os.environ.get("STALL_ALONE") and os.environ.get("KDIST_STRATEGY") == "default":
+    stalled_alone()
 source = os.environ.get("INPUT", "numpy")
 if source == "tfdata":
     weights = rng.uniform(0.5, 2.0, ROWS).astype("float32")
