@@ -91,6 +91,8 @@ def test_what_keras_and_kdist_build_is_read_without_autotuning():
     assert report["autotuned"] == {"arrays, shuffled": [False], "arrays (evaluate)": [False],
                                    "generator": [False], "PyDataset": [False],
                                    "user's tf.data": [True]}
+    # One dataset distributed for each iterator: Keras's, or the one a fix put in its place.
+    assert report["distributions"] == dict.fromkeys(report["autotuned"], 1)
     # Each replica's own reader (TensorFlow's per-device dataset), whatever the input.
     assert report["per_device_autotuned"] == [False, False]
     assert report["per_device_autotuned_upstream"] == [True, True]

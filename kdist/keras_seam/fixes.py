@@ -73,16 +73,47 @@ def _scalar_reduce(original):
 
 def _after_epoch_iterator_init(adjust):
     """A fix of `TFEpochIterator.__init__`: Keras's, then ``adjust(iterator, strategy)``, which
-    may replace the iterator's distributed dataset or change its adapter."""
+    may replace the iterator's distributed dataset or change its adapter. Keras's distribution of
+    its dataset is deferred (`_Pending`) until the outermost fix returns: a dataset a fix replaces
+    is never distributed (it was, up to three times per fit under MultiWorkerMirrored)."""
     def make(original):
         @functools.wraps(original)
         def __init__(self, distribute_strategy=None, *args, **kwargs):
-            original(self, distribute_strategy, *args, **kwargs)
-            adjust(self, distribute_strategy)
+            outermost = not isinstance(distribute_strategy, _Deferring)
+            deferring = _Deferring(distribute_strategy) if outermost else distribute_strategy
+            original(self, deferring, *args, **kwargs)
+            self._distribute_strategy = deferring.strategy
+            adjust(self, deferring.strategy)
+            if outermost and isinstance(self._distributed_dataset, _Pending):
+                self._distributed_dataset = self._distributed_dataset.distributed()
 
         return __init__
 
     return make
+
+
+class _Deferring:
+    """The strategy as Keras's `TFEpochIterator.__init__` sees it: its
+    `experimental_distribute_dataset` only notes the dataset (`_Pending`)."""
+
+    def __init__(self, strategy):
+        self.strategy = strategy
+
+    def experimental_distribute_dataset(self, dataset, options=None):
+        return _Pending(self.strategy, dataset, options)
+
+    def __getattr__(self, name):
+        return getattr(self.strategy, name)
+
+
+class _Pending:
+    """A dataset Keras would distribute: distributed once no fix replaced it."""
+
+    def __init__(self, strategy, dataset, options=None):
+        self.strategy, self.dataset, self.options = strategy, dataset, options
+
+    def distributed(self):
+        return self.strategy.experimental_distribute_dataset(self.dataset, self.options)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -101,10 +132,10 @@ def _distributed_reads_end_at_once(iterator, strategy):
 
     built_by_keras = tuple(classes.resolve(name) for name in (
         "ArrayDataAdapter", "GeneratorDataAdapter"))
-    if (isinstance(iterator.data_adapter, built_by_keras) and strategy is not None
-            and strategy.num_replicas_in_sync > 1):
-        iterator._distributed_dataset = strategy.experimental_distribute_dataset(
-            inputs.without_autotune(iterator.data_adapter.get_tf_dataset()))
+    pending = iterator._distributed_dataset
+    if (isinstance(iterator.data_adapter, built_by_keras) and isinstance(pending, _Pending)
+            and strategy is not None and strategy.num_replicas_in_sync > 1):
+        pending.dataset = inputs.without_autotune(pending.dataset)
 
 
 def _device_dataset_without_autotune(original):

@@ -5,6 +5,8 @@ process). Prints one JSON line:
 - `autotuned`: for each kind of input, whether the dataset the strategy reads keeps tf.data's
   autotuning model (fix distributed_reads_end_at_once: not for what Keras or kdist builds; a
   user's own tf.data pipeline as its author set it);
+- `distributions`: how many datasets making fit's epoch iterator distributed, for each kind of
+  input (kdist's fixes replace Keras's dataset: Keras's own is no longer distributed first);
 - `per_device_autotuned`: whether the dataset of each device's iterator (TensorFlow's, over the
   MultiDeviceIterator) keeps the autotuning model: with the fix, and upstream (the fix removed);
 - `upstream`: how many MultiDeviceIterators over an autotuned dataset were read and deleted
@@ -58,6 +60,21 @@ def autotuned(strategy, **inputs_of_fit) -> list:
             read_options(iterator._distributed_dataset)]
 
 
+def distributions(strategy, **inputs_of_fit) -> int:
+    """How many datasets are distributed to make fit's epoch iterator (each is a build)."""
+    made = []
+    names = ("experimental_distribute_dataset", "distribute_datasets_from_function")
+    for name in names:
+        method = getattr(strategy, name)
+        setattr(strategy, name, lambda *a, _method=method, **k: made.append(1) or _method(*a, **k))
+    try:
+        classes.resolve("TFEpochIterator")(distribute_strategy=strategy, **inputs_of_fit)
+    finally:
+        for name in names:
+            delattr(strategy, name)
+    return len(made)
+
+
 def per_device_autotuned(strategy) -> list:
     """For each replica's iterator of a distributed user's dataset: does its dataset autotune?"""
     distributed = iter(strategy.experimental_distribute_dataset(
@@ -100,6 +117,14 @@ report = {
         "generator": autotuned(strategy, x=generator(), steps_per_epoch=4),
         "PyDataset": autotuned(strategy, x=Batches()),
         "user's tf.data": autotuned(
+            strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
+    },
+    "distributions": {
+        "arrays, shuffled": distributions(strategy, x=x, y=y, batch_size=16, shuffle=True),
+        "arrays (evaluate)": distributions(strategy, x=x, y=y, batch_size=16, shuffle=False),
+        "generator": distributions(strategy, x=generator(), steps_per_epoch=4),
+        "PyDataset": distributions(strategy, x=Batches()),
+        "user's tf.data": distributions(
             strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
     },
     "per_device_autotuned": per_device_autotuned(strategy),
