@@ -42,7 +42,7 @@ def _strategies_of_a_clone() -> None:
 
 _strategies_of_a_clone()
 
-from kdist import failure as _failure  # noqa: E402
+from kdist import envvars as _envvars, failure as _failure  # noqa: E402
 from kdist.cluster import ClusterSpec, ClusterSpecError, cluster  # noqa: E402
 from kdist.devices import split_cpu  # noqa: E402
 from kdist import scope as _scope_module  # noqa: E402
@@ -118,10 +118,9 @@ def _prepare_multi_worker() -> None:
     builds MultiWorkerMirroredStrategy first (`kdist.scope.build_multi_worker_before_first_op`).
     `KDIST_EAGER_MULTI_WORKER=0` turns this off. The `kdist` command line never does it.
     """
-    if not _switch("KDIST_EAGER_MULTI_WORKER") or _running_the_command_line():
+    if not _switch(_envvars.EAGER_MULTI_WORKER) or _running_the_command_line():
         return
-    if _os.environ.get(_scope_module.STRATEGY_ENV, "auto").strip() not in ("", "auto",
-                                                                          "multi_worker"):
+    if _os.environ.get(_envvars.STRATEGY, "auto").strip() not in ("", "auto", "multi_worker"):
         return
     try:
         spec = cluster()

@@ -33,10 +33,9 @@ import sys
 import time
 import traceback
 
-from kdist import safe_files
+from kdist import envvars, safe_files
 from kdist.cluster import cluster
 
-FILE_ENV = "KDIST_FAILURE_FILE"
 STACKS_SIGNAL = signal.SIGUSR1  # kdist.launch.group asks a launched task for its stacks with it
 TERMINATION_LOG = "/dev/termination-log"
 TERMINATION_LIMIT = 4096  # bytes Kubernetes keeps of a termination message
@@ -75,7 +74,7 @@ def install() -> None:
     if _installed:
         return
     _installed = True
-    if os.environ.get(FILE_ENV):
+    if os.environ.get(envvars.FAILURE_FILE):
         faulthandler.register(STACKS_SIGNAL, all_threads=True)
     previous = sys.excepthook
 
@@ -102,7 +101,7 @@ def write(record: dict) -> None:
     log where there is one."""
     line = f"kdist: task {record['task']} failed: {record['headline']}"
     print(line, file=sys.stderr, flush=True)
-    path = os.environ.get(FILE_ENV)
+    path = os.environ.get(envvars.FAILURE_FILE)
     if path:
         safe_files.write_text(path, json.dumps(record))
     if os.access(TERMINATION_LOG, os.W_OK):

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import os
 
-from kdist import global_state, strategies
+from kdist import envvars, global_state, strategies
 from kdist.cluster import cluster
 from kdist.keras_seam import inputs, patches, tf_internals
 from kdist.ps.serve import serve
@@ -25,7 +25,6 @@ from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
 
-STRATEGY_ENV = "KDIST_STRATEGY"
 # Process state (kdist.global_state): the strategies built, by (name, options, cluster), reused when
 # entered again; the (name, options, cluster) of the current one (`kdist.strategies.registry`);
 # whether MultiWorkerMirrored was built ahead of the first op (below) and whether a strategy is
@@ -168,13 +167,14 @@ def current_strategy():
 
 
 def _requested_name(argument: str) -> str:
-    from_env = os.environ.get(STRATEGY_ENV, "").strip()
+    from_env = os.environ.get(envvars.STRATEGY, "").strip()
     if from_env and argument != "auto" and from_env != argument:
         raise UsageError("strategy", f"kdist.scope(strategy={argument!r}) conflicts with "
-                         f"{STRATEGY_ENV}={from_env!r}", "unset the variable or drop the argument")
+                         f"{envvars.STRATEGY}={from_env!r}",
+                         "unset the variable or drop the argument")
     name = argument if argument != "auto" else (from_env or "auto")
     if name != "auto" and name not in strategies.NAMES:
-        source = "strategy" if argument != "auto" else STRATEGY_ENV
+        source = "strategy" if argument != "auto" else envvars.STRATEGY
         raise UsageError(source, f"{name!r} is not a strategy",
                          f"use 'auto' or one of {', '.join(strategies.NAMES)}")
     return name

@@ -40,11 +40,10 @@ import sys
 import threading
 import time
 
-from kdist import exit_codes, validators
+from kdist import envvars, exit_codes, validators
 
 logger = logging.getLogger("kdist")
 
-STARTUP_TIMEOUT_ENV = "KDIST_STARTUP_TIMEOUT"
 DEFAULT_STARTUP_TIMEOUT = 600.0
 FIRST_REPORT = 3.0  # seconds before the first line (a healthy start-up is over by then)
 REPORT_EVERY = 30.0
@@ -67,7 +66,7 @@ def startup_timeout(given: float | None = None) -> float:
     """Seconds a task waits for the others: `given`, else KDIST_STARTUP_TIMEOUT, else 600."""
     if given is not None:
         return validators.positive_number(given, "startup_timeout")
-    from_env = validators.seconds_from_env(STARTUP_TIMEOUT_ENV)
+    from_env = validators.seconds_from_env(envvars.STARTUP_TIMEOUT)
     return DEFAULT_STARTUP_TIMEOUT if from_env is None else from_env
 
 
@@ -93,7 +92,7 @@ def probe(address: str, timeout: float = 1.0) -> str | None:
 
 def wait_for_peers(spec, timeout: float, roles=("chief", "worker", "ps"),
                    what: str = "the other tasks", hold_own_port: bool = True,
-                   deadline_from: str = STARTUP_TIMEOUT_ENV) -> None:
+                   deadline_from: str = envvars.STARTUP_TIMEOUT) -> None:
     """Returns once every other task of `spec` in `roles` listens; see the module docstring.
     `deadline_from` names the setting `timeout` came from, for the messages."""
     peers = peers_of(spec, roles)
@@ -137,8 +136,8 @@ def _missing(spec, missing, waited: float, what: str, deadline_from: str) -> Pee
                f"{'; '.join(_named(m) for m in missing)}. Fix: start every task TF_CONFIG names, "
                "with the same cluster, reachable at its address (a firewall or a wrong host "
                f"shows as no route or a timeout); to wait longer set {deadline_from} (seconds)"
-               + (" or kdist.strategy(startup_timeout=...)" if deadline_from == STARTUP_TIMEOUT_ENV
-                  else ""))
+               + (" or kdist.strategy(startup_timeout=...)"
+                  if deadline_from == envvars.STARTUP_TIMEOUT else ""))
     print(message, file=sys.stderr, flush=True)
     return PeersMissing(message)
 

@@ -15,10 +15,9 @@ import dataclasses
 import json
 import os
 
-from kdist import global_state
+from kdist import envvars, global_state
 from kdist.validators import UsageError
 
-ENV = "KDIST_VERIFY"  # the folder of the plan, written by `kdist verify`
 FILE, REPORT = "plan.json", "report.json"  # the plan; what the one-device run found
 DONE = "verify.done"  # global_state: this process's first fit was recorded or replayed
 
@@ -40,16 +39,16 @@ class Plan:
     @staticmethod
     def of_environment() -> "Plan | None":
         """This process's plan, or None: not run by `kdist verify`, or its first fit is done."""
-        folder = os.environ.get(ENV)
+        folder = os.environ.get(envvars.VERIFY)
         if not folder or global_state.get(DONE):
             return None
         try:
             with open(os.path.join(folder, FILE)) as f:
                 return Plan(**json.load(f))
         except (OSError, ValueError, TypeError) as error:
-            raise UsageError(ENV, f"{folder!r} holds no readable {FILE} ({error})",
+            raise UsageError(envvars.VERIFY, f"{folder!r} holds no readable {FILE} ({error})",
                              "run the program through `kdist verify -- python train.py`, or "
-                             f"unset {ENV}") from None
+                             f"unset {envvars.VERIFY}") from None
 
 
 def mark_done() -> None:

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from conftest import QUIET_TF, ROOT
-from kdist import failure
+from kdist import envvars, failure
 from kdist.cluster.spec_file import read_k8s_spec
 from kdist.k8s import render
 
@@ -22,7 +22,7 @@ def test_an_uncaught_exception_leaves_a_record_and_one_line(tmp_path):
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
                             env={**os.environ, **QUIET_TF, "TF_CONFIG": tf_config,
                                  "KDIST_EAGER_MULTI_WORKER": "0",
-                                 failure.FILE_ENV: str(record)})
+                                 envvars.FAILURE_FILE: str(record)})
     assert result.returncode == 1
     assert "kdist: task worker:1 failed: KeyError: 'labels'" in result.stderr
     assert result.stderr.rstrip().endswith("KeyError: 'labels'")  # Python's traceback follows
@@ -46,7 +46,7 @@ def test_an_error_cython_prints_on_the_way_is_not_the_record(tmp_path):
     record = tmp_path / "record.json"
     result = subprocess.run([sys.executable, "-c", CYTHON_ASIDE_THEN_FAILURE], cwd=ROOT,
                             capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **QUIET_TF, failure.FILE_ENV: str(record)})
+                            env={**os.environ, **QUIET_TF, envvars.FAILURE_FILE: str(record)})
     assert result.returncode == 1
     assert "RuntimeError: decrement id ref count" in result.stderr  # Python still prints it
     assert [line for line in result.stderr.splitlines() if line.startswith("kdist: task")] == \
@@ -58,7 +58,7 @@ def test_ctrl_c_leaves_no_record(tmp_path):
     record = tmp_path / "record.json"
     result = subprocess.run([sys.executable, "-c", "import kdist\nraise KeyboardInterrupt"],
                             cwd=ROOT, capture_output=True, text=True, timeout=120,
-                            env={**os.environ, **QUIET_TF, failure.FILE_ENV: str(record)})
+                            env={**os.environ, **QUIET_TF, envvars.FAILURE_FILE: str(record)})
     assert result.returncode != 0 and not record.exists() and "kdist: task" not in result.stderr
 
 
@@ -66,7 +66,7 @@ def test_the_kubernetes_termination_message_gets_the_line_and_the_traceback(tmp_
     log = tmp_path / "termination-log"
     log.write_text("")
     monkeypatch.setattr(failure, "TERMINATION_LOG", str(log))
-    monkeypatch.delenv(failure.FILE_ENV, raising=False)
+    monkeypatch.delenv(envvars.FAILURE_FILE, raising=False)
     try:
         raise ValueError("no such column 'price'")
     except ValueError as error:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from kdist import ClusterSpec, ClusterSpecError
+from kdist import ClusterSpec, ClusterSpecError, envvars
 from kdist.cluster.spec_file import load_spec, read_k8s_spec
 
 # CI: the same 1,000 examples every run (a fixed derivation, no example database). A larger,
@@ -266,9 +266,9 @@ env_text = st.one_of(st.sampled_from(["", " ", "0", "1", "-1", "nan", "inf", "1e
                      st.text(st.characters(blacklist_characters="\x00",
                                            blacklist_categories=("Cs",)), max_size=16))
 SLURM = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST", "SLURM_STEP_TASKS_PER_NODE",
-         "KDIST_SLURM_PORT", "KDIST_SLURM_ROLES")
-POD = ("KDIST_CLUSTER", "KDIST_ROLE", "JOB_COMPLETION_INDEX", "KDIST_ROLES", "KDIST_PORT",
-       "KDIST_JOB_INDEX", "KDIST_JOBSET", "KDIST_NAMESPACE", "KDIST_REPLICATED_JOB")
+         envvars.SLURM_PORT, envvars.SLURM_ROLES)
+POD = (envvars.CLUSTER, envvars.TASK_TYPE, "JOB_COMPLETION_INDEX", envvars.ROLES, envvars.PORT,
+       envvars.JOB_INDEX, envvars.JOBSET_NAME, envvars.NAMESPACE, envvars.REPLICATED_JOB)
 ENV_EXAMPLES = settings(max_examples=int(_RANDOMIZED or 700), deadline=None,
                         derandomize=not _RANDOMIZED, database=None,
                         suppress_health_check=[HealthCheck.too_slow])

@@ -18,7 +18,7 @@ import tempfile
 import threading
 import time
 
-from kdist import exit_codes
+from kdist import envvars, exit_codes
 from kdist.cli import parsing
 from kdist.cluster.spec import ClusterSpec
 from kdist.validators import UsageError
@@ -44,7 +44,7 @@ def add(commands) -> None:
 
 def run(args) -> int:
     from kdist.launch import Launcher, check_program
-    from kdist.verify_plan import ENV, REPORT, Plan
+    from kdist.verify_plan import REPORT, Plan
 
     command = parsing.after_dashes(args.command)
     check_program(command)
@@ -53,7 +53,7 @@ def run(args) -> int:
     try:
         Plan(folder, "record", args.steps).write()
         spec = ClusterSpec.local_layout({"worker": args.workers}, source="kdist verify")
-        env = dict(os.environ, **{ENV: folder})
+        env = dict(os.environ, **{envvars.VERIFY: folder})
         code = Launcher(spec, command, timeout=args.timeout, env=env).run()
         if code != exit_codes.OK:
             print(f"kdist verify: the distributed run ended with exit code {code}; nothing to "
@@ -90,11 +90,11 @@ def _one_device(command: list, env: dict, timeout: float, folder: str) -> int:
     """The program once, as one process on the default strategy (no cluster), its lines shown
     as `[one-device] ...` without TensorFlow's start-up logging. Past `timeout` it is asked for
     its threads' stacks (shown among its lines), then killed."""
-    from kdist.launch.group import FAILURE_ENV, is_tf_noise
+    from kdist.launch.group import is_tf_noise
 
     alone = {k: v for k, v in env.items() if k != "TF_CONFIG" and not k.startswith("SLURM_")}
-    alone.update(KDIST_STRATEGY="default", PYTHONUNBUFFERED="1",
-                 **{FAILURE_ENV: os.path.join(folder, "failure-one-device.json")})
+    alone.update({envvars.STRATEGY: "default", "PYTHONUNBUFFERED": "1",
+                  envvars.FAILURE_FILE: os.path.join(folder, "failure-one-device.json")})
     alone.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     with subprocess.Popen(command, env=alone, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           text=True, errors="replace") as process:

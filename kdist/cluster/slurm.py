@@ -41,16 +41,15 @@ import shutil
 import subprocess
 from typing import Mapping
 
-from kdist import global_state, validators
+from kdist import envvars, global_state, validators
 from kdist.cluster.spec import JOBS, ClusterSpec, ClusterSpecError
 
-PORT_ENV = "KDIST_SLURM_PORT"
-ROLES_ENV = "KDIST_SLURM_ROLES"
 DEFAULT_PORT = 8888
 _STEP_VARIABLES = ("SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_STEP_NODELIST",
                    "SLURM_STEP_TASKS_PER_NODE")
 # Everything `cluster_from_slurm` reads: what `kdist.cluster()` memoizes on.
-VARIABLES = (*_STEP_VARIABLES, PORT_ENV, ROLES_ENV, "SLURM_DISTRIBUTION", "CUDA_VISIBLE_DEVICES")
+VARIABLES = (*_STEP_VARIABLES, envvars.SLURM_PORT, envvars.SLURM_ROLES, "SLURM_DISTRIBUTION",
+             "CUDA_VISIBLE_DEVICES")
 _ROLE_ORDER = ("chief", "evaluator", "ps", "worker")  # TensorFlow's order of ranks to roles
 
 
@@ -81,8 +80,8 @@ def cluster_from_slurm() -> ClusterSpec:
                                f"{rank})", "run kdist inside the srun step whose variables these "
                                "are")
     task_nodes = _nodes_of_ranks(nodes, counts, distribution)
-    addresses = _addresses(task_nodes, _port(os.environ.get(PORT_ENV)))
-    roles = parse_roles(os.environ.get(ROLES_ENV), num_tasks)
+    addresses = _addresses(task_nodes, _port(os.environ.get(envvars.SLURM_PORT)))
+    roles = parse_roles(os.environ.get(envvars.SLURM_ROLES), num_tasks)
     jobs, task = {}, None
     for position, address in enumerate(addresses):
         job = _role_of(position, roles)
@@ -135,14 +134,15 @@ def parse_roles(text: str | None, num_tasks: int) -> dict[str, int]:
     for part in text.split(","):
         job, sep, count = part.strip().partition("=")
         if not sep or not validators.is_digits(count.strip()):
-            raise ClusterSpecError(ROLES_ENV, f"{part.strip()!r} is not ROLE=COUNT",
+            raise ClusterSpecError(envvars.SLURM_ROLES, f"{part.strip()!r} is not ROLE=COUNT",
                                    "write e.g. KDIST_SLURM_ROLES=chief=1,worker=3")
         if job.strip() not in JOBS:
-            raise ClusterSpecError(f"{ROLES_ENV}.{job.strip()}", "unknown job",
+            raise ClusterSpecError(f"{envvars.SLURM_ROLES}.{job.strip()}", "unknown job",
                                    f"use one of {', '.join(JOBS)}")
         roles[job.strip()] = int(count)
     if sum(roles.values()) != num_tasks:
-        raise ClusterSpecError(ROLES_ENV, f"{sum(roles.values())} tasks for a step of {num_tasks}",
+        raise ClusterSpecError(envvars.SLURM_ROLES,
+                               f"{sum(roles.values())} tasks for a step of {num_tasks}",
                                f"make the counts add up to SLURM_STEP_NUM_TASKS={num_tasks}")
     return {job: n for job, n in roles.items() if n}
 
@@ -181,9 +181,9 @@ def _addresses(task_nodes: list[str], base_port: int) -> list[str]:
         port = base_port + slots.get(host, 0)
         slots[host] = slots.get(host, 0) + 1
         if port > 65535:
-            raise ClusterSpecError(PORT_ENV, f"{base_port} plus the {slots[host]} tasks on "
-                                   f"{host} passes port 65535",
-                                   f"set {PORT_ENV} to at most {65536 - slots[host]}")
+            raise ClusterSpecError(envvars.SLURM_PORT, f"{base_port} plus the {slots[host]} "
+                                   f"tasks on {host} passes port 65535",
+                                   f"set {envvars.SLURM_PORT} to at most {65536 - slots[host]}")
         addresses.append(f"{host}:{port}")
     return addresses
 
@@ -208,7 +208,8 @@ def _port(text: str | None) -> int:
     if text is None:
         return DEFAULT_PORT
     if not validators.is_digits(text) or not validators.port(int(text)):
-        raise ClusterSpecError(PORT_ENV, f"bad port {text!r}", "use a port number from 1 to 65535")
+        raise ClusterSpecError(envvars.SLURM_PORT, f"bad port {text!r}",
+                               "use a port number from 1 to 65535")
     return int(text)
 
 
@@ -219,20 +220,19 @@ def _count(name: str) -> int:
     return int(text)
 
 
-NODE_GPUS_ENV = "KDIST_SLURM_NODE_GPUS"  # the node's GPUs before they were shared: shared once
 
 
 def _share_gpus(task_nodes: list[str], rank: int) -> None:
     """This task's share of its node's visible GPUs, when they split evenly over its tasks."""
-    gpus = os.environ[NODE_GPUS_ENV].split(",") if os.environ.get(NODE_GPUS_ENV) \
-        else _visible_gpus()
+    shared = os.environ.get(envvars.SLURM_NODE_GPUS)  # the node's, before a first share
+    gpus = shared.split(",") if shared else _visible_gpus()
     node = task_nodes[rank]
     on_node = task_nodes.count(node)
     if not gpus or on_node < 2 or len(gpus) % on_node:
         return
     local = rank - task_nodes.index(node)
     share = len(gpus) // on_node
-    os.environ[NODE_GPUS_ENV] = ",".join(gpus)
+    os.environ[envvars.SLURM_NODE_GPUS] = ",".join(gpus)
     os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[local * share:(local + 1) * share])
 
 

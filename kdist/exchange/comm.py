@@ -19,7 +19,7 @@ import functools
 import os
 import weakref
 
-from kdist import global_state, validators
+from kdist import envvars, global_state, validators
 from kdist.keras_seam import tf_internals
 from kdist.layers import placement
 from kdist.strategies import cluster_of, sums_over_tcp
@@ -174,8 +174,6 @@ class _LazyRing:
         return self._ring.all_reduce_sums(list(arrays))
 
 
-SECRET_ENV = "KDIST_JOB_SECRET"
-RING_PORT_ENV = "KDIST_RING_PORT"
 
 
 def job_secret(rank: int, lookup) -> bytes:
@@ -185,7 +183,7 @@ def job_secret(rank: int, lookup) -> bytes:
     reach the job's gRPC port can read: set the variable where that matters)."""
     import secrets
 
-    given = os.environ.get(SECRET_ENV, "")
+    given = os.environ.get(envvars.JOB_SECRET, "")
     if given:
         return given.encode()
     key = "kdist/ring/secret"
@@ -197,11 +195,11 @@ def job_secret(rank: int, lookup) -> bytes:
 def ring_port() -> int:
     """The port this worker's ring listens on: ``KDIST_RING_PORT`` (Kubernetes: the gRPC port
     plus one, which the NetworkPolicy admits), else any free one."""
-    text = os.environ.get(RING_PORT_ENV, "").strip()
+    text = os.environ.get(envvars.RING_PORT, "").strip()
     if not text:
         return 0
     if not validators.is_digits(text) or not validators.port(int(text)):
-        raise validators.UsageError(f"{RING_PORT_ENV}={text!r}", "is not a port",
+        raise validators.UsageError(f"{envvars.RING_PORT}={text!r}", "is not a port",
                                     "use a port from 1 to 65535, or unset it (any free port)")
     return int(text)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from kdist import envvars
 from kdist.cluster.spec import ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
 from kdist.k8s import pod, pod_settings, restarts, security
@@ -70,11 +71,11 @@ def jobset(spec: KubernetesSpec, command: list[str], namespace: str, labels: dic
            container) -> dict:
     """The JobSet of `spec`; `container(role, command, env)` builds each role's container."""
     roles = pod.encode_roles({r: n for r, n in spec.roles.items() if r != "evaluator"})
-    env = [{"name": pod.ROLES_ENV, "value": roles}, {"name": pod.PORT_ENV, "value": str(spec.port)},
-           *downward_env()]
+    entries = [{"name": envvars.ROLES, "value": roles},
+               {"name": envvars.PORT, "value": str(spec.port)}, *downward_env()]
     replicated = [{"name": role, "replicas": 1,
                    "template": _job_template(spec, container(role, ["kdist", "exec", "--", *command],
-                                                             env),
+                                                             entries),
                                              dict(labels, **{"kdist.dev/role": role}), count)}
                   for role, count in spec.roles.items()]
     target = "chief" if "chief" in spec.roles else "worker"
@@ -109,9 +110,9 @@ def trainjob(spec: KubernetesSpec, command: list[str], image: str, namespace: st
                         "template": {"spec": _set_policies(spec, [node], pod.TRAINER_NODE)}}}
     workers = spec.roles["worker"]
     trainer = {"numNodes": workers, "image": image, "args": list(command),
-               "env": [{"name": pod.ROLES_ENV,
+               "env": [{"name": envvars.ROLES,
                         "value": pod.encode_roles({pod.TRAINER_NODE: workers})},
-                       {"name": pod.PORT_ENV, "value": str(spec.port)},
+                       {"name": envvars.PORT, "value": str(spec.port)},
                        *security.ring_env(spec), *job_env]}
     if spec.resources.get("worker"):
         trainer["resourcesPerNode"] = spec.resources["worker"]

@@ -29,23 +29,19 @@ import json
 import os
 import sys
 
-from kdist import validators
+from kdist import envvars, validators
 from kdist.cluster.spec import JOBS, ClusterSpec, ClusterSpecError
 
 INDEX_ENV = "JOB_COMPLETION_INDEX"  # set by Kubernetes for Indexed Jobs (JobSet's Jobs are Indexed)
 
-# Indexed Jobs: the cluster is computed by kdist at render time.
-CLUSTER_ENV = "KDIST_CLUSTER"  # the job's cluster (TF_CONFIG's "cluster")
-ROLE_ENV = "KDIST_TASK_TYPE"  # this pod's role
-
-# JobSet: rendered values, and JobSet's own labels through the downward API.
-ROLES_ENV = "KDIST_ROLES"  # replicated job -> pod count of the training cluster, "chief=1,worker=2"
-PORT_ENV = "KDIST_PORT"
+# Indexed Jobs: kdist renders the cluster (envvars.CLUSTER) and the pod's role (envvars.TASK_TYPE).
+# JobSet: kdist renders the role counts (envvars.ROLES) and the port (envvars.PORT); JobSet's own
+# labels come through the downward API.
 JOBSET_FIELDS = {  # env var -> the pod field JobSet fills in
-    "KDIST_JOBSET": "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
-    "KDIST_REPLICATED_JOB": "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']",
-    "KDIST_JOB_INDEX": "metadata.labels['jobset.sigs.k8s.io/job-index']",
-    "KDIST_NAMESPACE": "metadata.namespace",
+    envvars.JOBSET_NAME: "metadata.labels['jobset.sigs.k8s.io/jobset-name']",
+    envvars.REPLICATED_JOB: "metadata.labels['jobset.sigs.k8s.io/replicatedjob-name']",
+    envvars.JOB_INDEX: "metadata.labels['jobset.sigs.k8s.io/job-index']",
+    envvars.NAMESPACE: "metadata.namespace",
 }
 TRAINER_NODE = "node"  # Kubeflow Trainer v2's replicated job of training nodes: TF workers
 
@@ -61,7 +57,7 @@ def tf_role(replicated_job: str) -> str:
     if replicated_job == TRAINER_NODE:
         return "worker"
     if replicated_job not in JOBS:
-        raise ClusterSpecError("KDIST_REPLICATED_JOB", f"{replicated_job!r} is not a TF role",
+        raise ClusterSpecError(envvars.REPLICATED_JOB, f"{replicated_job!r} is not a TF role",
                                "name each replicated job chief, worker, ps or evaluator (or node, "
                                "Kubeflow Trainer's name for the workers)")
     return replicated_job
@@ -77,7 +73,7 @@ def decode_roles(value: str) -> dict[str, int]:
     for item in value.split(","):
         job, _, count = item.partition("=")
         if not validators.is_digits(count) or not job:
-            raise ClusterSpecError(ROLES_ENV, f"{item!r} in {value!r} is not job=count",
+            raise ClusterSpecError(envvars.ROLES, f"{item!r} in {value!r} is not job=count",
                                    "re-render the manifests with kdist (e.g. chief=1,worker=2)")
         counts[job] = int(count)
     return counts
@@ -86,30 +82,31 @@ def decode_roles(value: str) -> dict[str, int]:
 def tf_config(environ=None) -> str:
     """This pod's TF_CONFIG, from its environment (either kind of pod)."""
     environ = os.environ if environ is None else environ
-    if ROLES_ENV in environ:
+    if envvars.ROLES in environ:
         return _jobset_tf_config(environ)
-    _require(environ, (CLUSTER_ENV, ROLE_ENV, INDEX_ENV))
+    _require(environ, (envvars.CLUSTER, envvars.TASK_TYPE, INDEX_ENV))
     try:
-        jobs = json.loads(environ[CLUSTER_ENV])
+        jobs = json.loads(environ[envvars.CLUSTER])
     except json.JSONDecodeError as err:
-        raise ClusterSpecError(CLUSTER_ENV, f"not valid JSON ({err.msg})",
+        raise ClusterSpecError(envvars.CLUSTER, f"not valid JSON ({err.msg})",
                                "re-render the manifests with kdist") from None
-    return ClusterSpec(jobs).with_task(environ[ROLE_ENV], _index(environ)).tf_config_json()
+    return ClusterSpec(jobs).with_task(environ[envvars.TASK_TYPE], _index(environ)).tf_config_json()
 
 
 def _jobset_tf_config(environ) -> str:
-    _require(environ, (PORT_ENV, INDEX_ENV, *JOBSET_FIELDS))
-    if environ["KDIST_JOB_INDEX"] != "0":
-        raise ClusterSpecError("KDIST_JOB_INDEX", f"{environ['KDIST_JOB_INDEX']!r}: kdist renders "
+    _require(environ, (envvars.PORT, INDEX_ENV, *JOBSET_FIELDS))
+    if environ[envvars.JOB_INDEX] != "0":
+        raise ClusterSpecError(envvars.JOB_INDEX, f"{environ[envvars.JOB_INDEX]!r}: kdist renders "
                                "one Job per replicated job, its pods are the tasks",
                                "keep replicas: 1 and change the pod count (completions, "
                                "parallelism and KDIST_ROLES) instead")
-    jobset, namespace, port = (environ[k] for k in ("KDIST_JOBSET", "KDIST_NAMESPACE", PORT_ENV))
-    counts = decode_roles(environ[ROLES_ENV])
+    jobset, namespace, port = (environ[k] for k in (envvars.JOBSET_NAME, envvars.NAMESPACE,
+                                                    envvars.PORT))
+    counts = decode_roles(environ[envvars.ROLES])
     cluster = ClusterSpec({tf_role(job): [f"{jobset_host(jobset, job, i, namespace)}:{port}"
                                           for i in range(count)]
                            for job, count in counts.items()})
-    return cluster.with_task(tf_role(environ["KDIST_REPLICATED_JOB"]),
+    return cluster.with_task(tf_role(environ[envvars.REPLICATED_JOB]),
                              _index(environ)).tf_config_json()
 
 

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 import json
 
+from kdist import envvars
 from kdist.cluster.spec import ClusterSpec, ClusterSpecError
 from kdist.cluster.spec_file import KubernetesSpec
-from kdist.k8s import jobset, pod, pod_settings, restarts, security
+from kdist.k8s import jobset, pod_settings, restarts, security
 
 FORMATS = ("jobs", "tfjob", "jobset", "trainjob")
 TFJOB_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
@@ -104,19 +105,19 @@ def render(spec: KubernetesSpec, command: list[str], namespace: str = "default",
     elif fmt == "tfjob":
         documents = [_tfjob(spec, command, image, namespace)]
     elif fmt == "jobset":
-        documents = [jobset.jobset(spec, command, namespace, labels, lambda role, argv, env:
-                                   _container(spec, role, image, argv, env))]
+        documents = [jobset.jobset(spec, command, namespace, labels, lambda role, argv, entries:
+                                   _container(spec, role, image, argv, entries))]
     else:  # the TrainJob's pods carry JobSet's labels, not kdist's (the runtime is shared)
         documents = jobset.trainjob(spec, command, image, namespace)
         labels = {"jobset.sigs.k8s.io/jobset-name": spec.name}
     return [*documents, _network_policy(spec, namespace, labels)]
 
 
-def _container(spec, role, image, command, env):
+def _container(spec, role, image, command, entries):
     container = {"name": "tensorflow", "image": image, "command": command,
                  "ports": [{"name": "grpc", "containerPort": spec.port},
                            {"name": "ring", "containerPort": spec.port + 1}],
-                 "env": [*env, *security.ring_env(spec)],
+                 "env": [*entries, *security.ring_env(spec)],
                  # a task's failure record (kdist.failure), else the end of its log
                  "terminationMessagePolicy": "FallbackToLogsOnError"}
     resources = spec.resources.get(role)
@@ -134,13 +135,13 @@ def _jobs(spec, cluster, command, image, namespace):
     cluster_json = json.dumps(cluster.jobs, separators=(",", ":"))
     jobs = []
     for role, count in spec.roles.items():
-        env = [{"name": pod.CLUSTER_ENV, "value": cluster_json},
-               {"name": pod.ROLE_ENV, "value": role}]
+        entries = [{"name": envvars.CLUSTER, "value": cluster_json},
+                   {"name": envvars.TASK_TYPE, "value": role}]
         template = pod_settings.finish({
             "metadata": {"labels": {LABEL: name, "kdist.dev/role": role}},
             "spec": {"subdomain": name, "restartPolicy": spec.restart_policy,
                      "containers": [_container(spec, role, image,
-                                               ["kdist", "exec", "--", *command], env)]}}, spec)
+                                               ["kdist", "exec", "--", *command], entries)]}}, spec)
         job_spec = {"completionMode": "Indexed", "completions": count, "parallelism": count,
                     "backoffLimit": spec.backoff_limit, "template": template}
         if spec.restart_policy == "Never":  # Kubernetes allows the policy only with Never

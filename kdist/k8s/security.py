@@ -15,6 +15,8 @@ escalation, every capability dropped. An image that must run as root says so in 
 
 from __future__ import annotations
 
+from kdist import envvars
+
 ANNOTATION = "kdist.dev/pod-security"
 SECRET_KEY = "job-secret"
 
@@ -70,7 +72,7 @@ def create_secret_command(spec, namespace: str) -> str:
 def ring_env(spec) -> list[dict]:
     """The environment of kdist's TCP ring: the job's secret, from its Secret, and the ring's
     port (the gRPC port plus one, which the NetworkPolicy admits from the job's pods)."""
-    return [{"name": "KDIST_JOB_SECRET", "valueFrom": {"secretKeyRef": {
+    return [{"name": envvars.JOB_SECRET, "valueFrom": {"secretKeyRef": {
                 "name": secret_name(spec), "key": SECRET_KEY}}},
-            {"name": "KDIST_RING_PORT", "value": str(spec.port + 1)}]
+            {"name": envvars.RING_PORT, "value": str(spec.port + 1)}]
 

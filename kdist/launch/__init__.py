@@ -7,8 +7,6 @@ No TensorFlow import here: the launcher only starts processes.
 'succeeded'
 """
 
-from kdist.launch.launcher import (RESTART_ENV, WORLD_SIZE_CHANGE_ENV, Launcher, Outcome,
-                                   ProgramError, State, check_program)
+from kdist.launch.launcher import Launcher, Outcome, ProgramError, State, check_program
 
-__all__ = ["RESTART_ENV", "WORLD_SIZE_CHANGE_ENV", "Launcher", "Outcome", "ProgramError", "State",
-           "check_program"]
+__all__ = ["Launcher", "Outcome", "ProgramError", "State", "check_program"]

@@ -28,11 +28,10 @@ import threading
 import time
 from typing import IO, Callable
 
-from kdist import exit_codes, safe_files
+from kdist import envvars, exit_codes, safe_files
 
 LAST_LINES = 20
 PROGRESS_EVERY = 10.0  # seconds between two intermediate states of a progress bar
-FAILURE_ENV = "KDIST_FAILURE_FILE"  # kdist.failure.FILE_ENV (not imported: no TensorFlow here)
 STACKS_SIGNAL = signal.SIGUSR1  # kdist.failure.STACKS_SIGNAL: a task that imported kdist dumps
 STACKS_SECONDS = 2.0  # what the tasks get to write their stacks
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -106,7 +105,7 @@ class TaskGroup:
         self._records = tempfile.mkdtemp(prefix="kdist-launch-")
         for task_type, index, argv, env in tasks:
             record = os.path.join(self._records, f"{task_type}-{index}.json")
-            env = dict(env, **{FAILURE_ENV: record})
+            env = dict(env, **{envvars.FAILURE_FILE: record})
             if not self.tf_logs:
                 env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
             try:

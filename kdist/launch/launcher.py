@@ -80,16 +80,13 @@ import threading
 import time
 from typing import IO, Callable, Sequence
 
-from kdist import exit_codes, safe_files, validators
+from kdist import envvars, exit_codes, safe_files, validators
 from kdist.cluster.spec import ClusterSpec
 from kdist.launch import hosts, private_network
 from kdist.launch import summary as summaries
 from kdist.launch.group import TaskGroup, TaskRun
 from kdist.validators import UsageError
 
-RESTART_ENV = "KDIST_RESTART_COUNT"
-SECRET_ENV = "KDIST_JOB_SECRET"  # kdist.exchange.comm.SECRET_ENV (no TensorFlow import here)
-WORLD_SIZE_CHANGE_ENV = "KDIST_WORLD_SIZE_CHANGE"
 CHIEF_DONE_SIGNAL = signal.SIGUSR2  # kdist.ps.serve.CHIEF_DONE_SIGNAL (no TensorFlow import here)
 
 
@@ -211,7 +208,7 @@ class Launcher:
         # when this launch starts every task; a launch per machine cannot draw one for all: the
         # user's KDIST_JOB_SECRET, else the first worker's, shared through TF's coordination service
         if hosts.all_loopback(spec):
-            self.env.setdefault(SECRET_ENV, secrets.token_hex(16))
+            self.env.setdefault(envvars.JOB_SECRET, secrets.token_hex(16))
         self.log_dir, self.tf_logs = log_dir, tf_logs
         self.network_mode = network
         self.network: private_network.PrivateNetwork | None = None
@@ -274,15 +271,15 @@ class Launcher:
         if lost is None:
             self._failed_before = failed
             self.log(f"restarting every task ({self.restarts}/{self.max_restarts}); they see "
-                     f"{RESTART_ENV}={self.restarts}")
+                     f"{envvars.RESTART_COUNT}={self.restarts}")
         else:
             self._failed_before = None  # indices move up: the next failure is judged afresh
             self.spec = self.spec.without(*lost)
             self.here = self.placement(self.spec)
             self.log(f"{failed} failed on two starts in a row: restarting without it on "
                      f"{self.spec.num_workers} worker(s) (--min-workers {self.min_workers}) "
-                     f"({self.restarts}/{self.max_restarts}); they see {RESTART_ENV}="
-                     f"{self.restarts} and {WORLD_SIZE_CHANGE_ENV}={self._world_size_change()}")
+                     f"({self.restarts}/{self.max_restarts}); they see {envvars.RESTART_COUNT}="
+                     f"{self.restarts} and {envvars.WORLD_SIZE_CHANGE}={self._world_size_change()}")
         self._reported = set()
         self._chief_deadline = None
         self.state = State.RUNNING
@@ -425,10 +422,10 @@ class Launcher:
         for task_type, index in self.here:
             argv, env = self.task_command(task_type, index)
             env = dict(env, PYTHONUNBUFFERED="1")
-            env[RESTART_ENV] = str(self.restarts)
+            env[envvars.RESTART_COUNT] = str(self.restarts)
             change = self._world_size_change()
             if change:
-                env[WORLD_SIZE_CHANGE_ENV] = change
+                env[envvars.WORLD_SIZE_CHANGE] = change
             if self.network is not None:
                 argv = self.network.exec_prefix() + list(argv)
             tasks.append((task_type, index, argv, env))

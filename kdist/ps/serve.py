@@ -23,18 +23,15 @@ import sys
 import threading
 import time
 
-from kdist import startup
+from kdist import envvars, startup
 from kdist.cluster import ClusterSpec, cluster
 from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
 
-CHIEF_GRACE_ENV = "KDIST_CHIEF_GRACE"  # seconds the chief may be unreachable before servers exit
-CHIEF_START_ENV = "KDIST_CHIEF_START_TIMEOUT"  # seconds servers wait for the chief to come up
 # `kdist launch` sends it once the chief has succeeded (kdist.launch.launcher: CHIEF_DONE_SIGNAL):
 # the servers leave at once instead of after `chief_grace` seconds without the chief.
 CHIEF_DONE_SIGNAL = signal.SIGUSR2
-# (default: KDIST_STARTUP_TIMEOUT, every task's start-up deadline, `kdist.startup`)
 
 
 def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
@@ -45,8 +42,9 @@ def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
     if spec.task_type not in ("ps", "worker") or not spec.has_ps:
         raise RuntimeError(f"task {spec.task}: kdist.serve() runs the ps and worker tasks of a "
                            "parameter-server cluster; the chief trains, other clusters use scope()")
-    chief_grace = _seconds(chief_grace, CHIEF_GRACE_ENV, 10.0)
-    chief_start_timeout = _seconds(chief_start_timeout, CHIEF_START_ENV, startup.startup_timeout())
+    chief_grace = _seconds(chief_grace, envvars.CHIEF_GRACE, 10.0)
+    chief_start_timeout = _seconds(chief_start_timeout, envvars.CHIEF_START_TIMEOUT,
+                                   startup.startup_timeout())
     import tensorflow as tf
 
     # Fail fast on a lost peer and let the coordinator reschedule (TF's advice for ps training).
@@ -59,9 +57,10 @@ def serve(spec: ClusterSpec | None = None, chief_grace: float | None = None,
     logger.info("kdist: task %s serving at %s until the chief (%s) finishes", spec.task,
                 server.target, chief)
     try:
+        deadline_from = envvars.CHIEF_START_TIMEOUT \
+            if os.environ.get(envvars.CHIEF_START_TIMEOUT) else envvars.STARTUP_TIMEOUT
         startup.wait_for_peers(spec, chief_start_timeout, roles=("chief",), what="the chief",
-                               hold_own_port=False, deadline_from=CHIEF_START_ENV
-                               if os.environ.get(CHIEF_START_ENV) else startup.STARTUP_TIMEOUT_ENV)
+                               hold_own_port=False, deadline_from=deadline_from)
         wait_for_chief_to_end(chief, chief_grace, poll, done)
         code = 0
         logger.info("kdist: the chief finished; task %s exits", spec.task)
@@ -83,19 +82,19 @@ def wait_for_chief_to_end(address: str, grace: float, poll: float = 1.0,
             last_seen = time.monotonic()
 
 
-def _seconds(value: float | None, env: str, default: float) -> float:
-    """`value`, else the environment variable `env` (seconds > 0), else `default`."""
+def _seconds(value: float | None, variable: str, default: float) -> float:
+    """`value`, else the environment variable `variable` (seconds > 0), else `default`."""
     if value is None:
-        text = os.environ.get(env)
+        text = os.environ.get(variable)
         if text is None:
             return default
         try:
             value = float(text)
         except ValueError:
             value = math.nan
-        field = f"{env}={text!r}"
+        field = f"{variable}={text!r}"
     else:
-        field = f"{env}={value!r}"
+        field = f"{variable}={value!r}"
     if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
         raise UsageError(field, "is not a duration", "use a positive number of seconds")
     return float(value)

@@ -26,13 +26,11 @@ import sys
 import threading
 import time
 
-from kdist import exit_codes, validators
+from kdist import envvars, exit_codes, validators
 from kdist.keras_seam import tf_internals
 
 logger = logging.getLogger("kdist")
 
-HANG_TIMEOUT_ENV = "KDIST_HANG_TIMEOUT"
-HANG_ACTION_ENV = "KDIST_HANG_ACTION"
 MINIMUM = 60.0
 MEDIANS = 20  # the default timeout, in median steps
 FIRST_STEP = 10  # the first step may take this many timeouts (building, tracing)
@@ -46,10 +44,10 @@ def settings(timeout=None, action=None) -> tuple[float | None, str]:
     """(timeout in seconds or None for the default rule, action), from the arguments or the
     environment; a bad value raises `UsageError` naming it."""
     if timeout is None:
-        timeout = validators.seconds_from_env(HANG_TIMEOUT_ENV)
+        timeout = validators.seconds_from_env(envvars.HANG_TIMEOUT)
     else:
         validators.positive_number(timeout, "hang_timeout")
-    action = action or os.environ.get(HANG_ACTION_ENV, "").strip() or "report"
+    action = action or os.environ.get(envvars.HANG_ACTION, "").strip() or "report"
     if action not in ACTIONS:
         raise validators.UsageError("hang_action", f"{action!r} is not an action",
                                     "use 'report' (stacks and the report, then wait on) or "
@@ -97,8 +95,8 @@ class Watchdog(threading.Thread):
 
     def fire(self, stalled: float) -> None:
         lines = [f"kdist: no training step completed on {self.task} for {stalled:.0f} s "
-                 f"(hang timeout {self.limit():.0f} s, {HANG_TIMEOUT_ENV}); every thread's stack "
-                 "follows, then where each worker is"]
+                 f"(hang timeout {self.limit():.0f} s, {envvars.HANG_TIMEOUT}); every thread's "
+                 "stack follows, then where each worker is"]
         logger.error("%s", lines[0])
         sys.stderr.flush()
         faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
