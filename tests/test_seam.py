@@ -30,6 +30,8 @@ ALLOWED = {
     ("kdist/ps/serve.py", "os._exit"): "Python's documented exit without cleanup",
     ("kdist/steps/watchdog.py", "os._exit"):
         "Python's documented exit without cleanup (the main thread waits inside TensorFlow)",
+    ("kdist/training/verify.py", "os._exit"):
+        "Python's documented exit without cleanup (a verify run's files are written)",
     ("kdist/__init__.py", "_logger.propagate"): "configuring the standard library's logger",
     ("kdist/ps/training.py", "model.stop_training"):
         "Keras's documented callback protocol: a fit loop resets it, EarlyStopping sets it",
