@@ -109,24 +109,24 @@ def deletions_until_a_wait(autotuned_source: bool, most: int = 60) -> dict:
 
 with kdist.scope(devices=devices) as strategy:
     pass
+
+
+def for_each_input(measure) -> dict:
+    """`measure(strategy, **inputs of fit)` for each kind of input users bring."""
+    return {
+        "arrays, shuffled": measure(strategy, x=x, y=y, batch_size=16, shuffle=True),
+        "arrays (evaluate)": measure(strategy, x=x, y=y, batch_size=16, shuffle=False),
+        "generator": measure(strategy, x=generator(), steps_per_epoch=4),
+        "PyDataset": measure(strategy, x=Batches()),
+        "user's tf.data": measure(
+            strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
+    }
+
+
 report = {
     "replicas": strategy.num_replicas_in_sync,
-    "autotuned": {
-        "arrays, shuffled": autotuned(strategy, x=x, y=y, batch_size=16, shuffle=True),
-        "arrays (evaluate)": autotuned(strategy, x=x, y=y, batch_size=16, shuffle=False),
-        "generator": autotuned(strategy, x=generator(), steps_per_epoch=4),
-        "PyDataset": autotuned(strategy, x=Batches()),
-        "user's tf.data": autotuned(
-            strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
-    },
-    "distributions": {
-        "arrays, shuffled": distributions(strategy, x=x, y=y, batch_size=16, shuffle=True),
-        "arrays (evaluate)": distributions(strategy, x=x, y=y, batch_size=16, shuffle=False),
-        "generator": distributions(strategy, x=generator(), steps_per_epoch=4),
-        "PyDataset": distributions(strategy, x=Batches()),
-        "user's tf.data": distributions(
-            strategy, x=tf.data.Dataset.from_tensor_slices((x, y)).batch(16)),
-    },
+    "autotuned": for_each_input(autotuned),
+    "distributions": for_each_input(distributions),
     "per_device_autotuned": per_device_autotuned(strategy),
     "upstream": deletions_until_a_wait(autotuned_source=True),
 }
