@@ -220,8 +220,6 @@ def _count(name: str) -> int:
     return int(text)
 
 
-
-
 def _share_gpus(task_nodes: list[str], rank: int) -> None:
     """This task's share of its node's visible GPUs, when they split evenly over its tasks."""
     shared = os.environ.get(envvars.SLURM_NODE_GPUS)  # the node's, before a first share

@@ -174,8 +174,6 @@ class _LazyRing:
         return self._ring.all_reduce_sums(list(arrays))
 
 
-
-
 def job_secret(rank: int, lookup) -> bytes:
     """The secret every member of the job's TCP ring proves: ``KDIST_JOB_SECRET`` (set by
     `kdist launch`, by the rendered Kubernetes manifests from a Secret, or by hand), else one
