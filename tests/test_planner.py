@@ -101,9 +101,42 @@ def test_topk_is_planned_on_the_route_kdist_takes():
     model, topk = mlp(), planner.parse_compression("topk:0.01")
     assert planner.wire_bytes(model, topk, 256) == {"all_reduce": 4 * sum(
         v.numpy().size for v in model.trainable_variables)}
-    t2 = {n: planner.plan(mlp, 32, n, 1e9, compressor=topk, measure=lambda *_: 0.01).requested.t2
+    t2 = {n: planner.plan(mlp, 32, n, 1e9, compressor=topk, measure=lambda *_: 0.01,
+                          compression_cost=lambda *_: 0.0).requested.t2
           for n in (64, 256, 1024)}
     assert t2[64] < t2[256] and t2[1024] == pytest.approx(t2[256], rel=0.01)
+
+
+@pytest.mark.parametrize("bandwidth,pays", [(1e8, True), (1e11, False)])
+def test_compression_is_weighed_against_what_it_saves_on_the_link(bandwidth, pays):
+    """The compressor's CPU time adds to t1; the plan compares the step with and without it at
+    the requested batch and says which is faster, with the numbers."""
+    fp16 = planner.parse_compression("fp16")
+    result = planner.plan(mlp, 32, 2, bandwidth, compressor=fp16, measure=lambda *_: 0.01,
+                          compression_cost=lambda model, compressor, replicas: 0.004)
+    plain = planner.plan(mlp, 32, 2, bandwidth, measure=lambda *_: 0.01)
+    requested = result.requested
+    assert requested.step == pytest.approx(0.01 + 0.004 + plain.requested.t2 / 2)
+    assert result.compression.uncompressed.step == pytest.approx(plain.requested.step)
+    verdict = result.compression.verdict(requested)
+    assert verdict.startswith("FP16 pays on this link" if pays else
+                              "FP16 costs more than it saves on this link"), verdict
+    assert "4.00 ms of CPU per step" in verdict
+    assert ("kdist.scope(compression=None)" in verdict) is not pays
+    assert result.as_dict(32)["compression"] == verdict
+    assert "compressing 4.00 ms per step (CPU)" in result.table()
+
+
+def test_the_compressors_cpu_time_is_measured_on_this_machine():
+    """fp16 and PowerSGD cost this CPU time per step; no compressor, or none that compresses any
+    of the model's tensors, costs nothing."""
+    model = mlp()
+    for name in ("fp16", "powersgd:4"):
+        assert 0 < planner.measure_compression(model, planner.parse_compression(name), 2,
+                                               steps=1, repeats=1) < 1.0
+    assert planner.measure_compression(model, None, 2) == 0.0
+    tiny = planner.parse_compression("powersgd:2048")  # rank above every kernel's: none compressed
+    assert planner.measure_compression(model, tiny, 2) == 0.0
 
 
 @pytest.mark.parametrize("function,text,words", [
@@ -183,6 +216,8 @@ def test_plan_flags_reach_the_table(tmp_path):
     assert wire_mb(fast) == pytest.approx(wire_mb(plain) / 2, rel=0.01)
     bf16 = plan("--bandwidth", "100Mbit", "--compression", "bf16")
     assert wire_mb(bf16) == pytest.approx(wire_mb(plain) / 2, rel=0.01)
+    assert "compression: FP16 costs more than it saves on this link" in fast  # 100 Gbit
+    assert "compression: BF16 pays on this link" in bf16  # 100 Mbit
     sparse = plan("--bandwidth", "100Mbit", "--compression", "topk:0.01")
     assert "(all_gather + all_reduce)" in sparse and wire_mb(sparse) < wire_mb(plain) / 20
     match = re.search(r"global batch (\d+): learning rate = the one tuned at batch 8 x ([\d.]+)", fast)

@@ -89,6 +89,8 @@ def run(args) -> int:
           f"latency {args.latency}, host cost {host_cost * 1e9:.2f} ns/byte, compression "
           f"{args.compression}")
     print(result.table())
+    if result.compression is not None:
+        print(f"compression: {result.compression.verdict(result.requested)}")
     for warning in result.warnings():
         print(f"warning: {warning}")
     print(f"recommended: {result.reason()}")

@@ -4,8 +4,8 @@ With n replicas each computing a per-replica batch b in time t1 (measured here, 
 and exchanging the gradients in time t2 (computed: a ring all-reduce sends 2(n-1)/n of the
 gradient bytes per worker in 2(n-1) messages; a compressor shrinks the bytes; top-k all-gathers;
 each byte also costs the host's CPU the time a real all-reduce on this machine's loopback takes
-per byte, measured by `measure_host_cost`),
-one synchronous step costs
+per byte, measured by `measure_host_cost`; a compressor's own CPU time, compressing, summing
+and decompressing, measured by `measure_compression`, adds to t1), one synchronous step costs
 
     t1 + t2        when the exchange starts after the backward pass (Keras + tf.distribute: the
                    optimizer all-reduces the finished gradients; the default, as measured by
@@ -29,15 +29,18 @@ model), `measure` (t1 and the host cost, on this machine), `cost_model` (t2, the
 recommendation), `planning` (all of it for a range of batches, and the plot).
 """
 
-from kdist.planner.cost_model import (NEAR_BEST, Estimate, Plan, communication_time, estimate,
-                                      gradient_bytes, recommend, wire_bytes)
-from kdist.planner.measure import measure_compute, measure_compute_time, measure_host_cost
+from kdist.planner.cost_model import (NEAR_BEST, CompressionCost, Estimate, Plan,
+                                      communication_time, estimate, gradient_bytes, recommend,
+                                      wire_bytes)
+from kdist.planner.measure import (measure_compression, measure_compute, measure_compute_time,
+                                   measure_host_cost)
 from kdist.planner.planning import plan, plot
 from kdist.planner.units import (parse_bandwidth, parse_compression, parse_host_cost,
                                  parse_latency)
 from kdist.planner.user_model import load_model_function
 
-__all__ = ["NEAR_BEST", "Estimate", "Plan", "communication_time", "estimate", "gradient_bytes",
-           "load_model_function", "measure_compute", "measure_compute_time", "measure_host_cost",
+__all__ = ["NEAR_BEST", "CompressionCost", "Estimate", "Plan", "communication_time", "estimate",
+           "gradient_bytes", "load_model_function", "measure_compression", "measure_compute",
+           "measure_compute_time", "measure_host_cost",
            "parse_bandwidth", "parse_compression", "parse_host_cost", "parse_latency", "plan",
            "plot", "recommend", "wire_bytes"]

@@ -60,13 +60,40 @@ class Estimate:
     throughput: float  # examples per second, all replicas
     efficiency: float  # t1 / step
     spread: float = 0.0  # of t1's timings: (slowest - best) / best
+    compression: float = 0.0  # CPU seconds the compressor adds to each step, beside t1
 
 
 def estimate(per_replica_batch: int, t1: float, t2: float, replicas: int,
-             overlap: bool = False, spread: float = 0.0) -> Estimate:
-    step = max(t1, t2) if overlap else t1 + t2
+             overlap: bool = False, spread: float = 0.0, compression: float = 0.0) -> Estimate:
+    """One step: t1 plus the compressor's own CPU time (it runs between the backward pass and
+    the exchange), then t2, or overlapped with it."""
+    compute = t1 + compression
+    step = max(compute, t2) if overlap else compute + t2
     return Estimate(per_replica_batch, t1, t2, step, replicas * per_replica_batch / step,
-                    t1 / step, spread)
+                    t1 / step, spread, compression)
+
+
+@dataclasses.dataclass
+class CompressionCost:
+    """What a compressor costs and saves per step at one batch: its CPU time (`seconds`,
+    measured) against t2 without it (`uncompressed`, the float32 gradients' time)."""
+
+    name: str
+    seconds: float
+    uncompressed: Estimate  # the same batch without compression
+
+    def verdict(self, compressed: Estimate) -> str:
+        """Whether compression pays on this link, in one sentence with the numbers."""
+        plain = self.uncompressed
+        saved, ratio = plain.t2 - compressed.t2, compressed.step / plain.step
+        numbers = (f"{self.seconds * 1e3:.2f} ms of CPU per step to compress, sum and decompress "
+                   f"against {saved * 1e3:.2f} ms less communication; step "
+                   f"{compressed.step * 1e3:.2f} ms with it, {plain.step * 1e3:.2f} ms without "
+                   f"({ratio:.2f}x)")
+        if compressed.step >= plain.step:
+            return (f"{self.name} costs more than it saves on this link: {numbers}. Train "
+                    "without it here (kdist.scope(compression=None)); it pays on slower links")
+        return f"{self.name} pays on this link: {numbers}"
 
 
 @dataclasses.dataclass
@@ -79,6 +106,7 @@ class Plan:
     requested: Estimate
     recommended: Estimate  # see `recommend`
     max_global_batch: int | None = None
+    compression: CompressionCost | None = None  # at the requested batch, when compressing
 
     @property
     def best(self) -> Estimate:
@@ -134,8 +162,11 @@ class Plan:
                 "up over the first epoch (kdist.LinearWarmup)")
 
     def table(self) -> str:
+        compressing = f", compressing {self.compression.seconds * 1e3:.2f} ms per step (CPU)" \
+            if self.compression else ""
         lines = [f"replicas {self.replicas}, gradients {self.gradient_bytes / 1e6:.2f} MB, on the "
-                 f"wire {self.wire_bytes / 1e6:.3f} MB per worker ({self.collective})", "",
+                 f"wire {self.wire_bytes / 1e6:.3f} MB per worker ({self.collective})"
+                 f"{compressing}", "",
                  "| per-replica batch | t1 (compute) | t1 spread | t2 (communicate) | step "
                  "| examples/s | efficiency |", "|---|---|---|---|---|---|---|"]
         for e in self.estimates:
@@ -155,6 +186,9 @@ class Plan:
                 "recommended": self.recommended.per_replica_batch,
                 "best": self.best.per_replica_batch, "max_global_batch": self.max_global_batch,
                 "reason": self.reason(), "warnings": self.warnings(),
+                "compression_seconds": self.compression.seconds if self.compression else 0.0,
+                "compression": self.compression.verdict(self.requested)
+                if self.compression else None,
                 "learning_rate": self.learning_rate_advice(base_batch)}
 
 

@@ -3,36 +3,51 @@ recommended; `plot` draws them."""
 
 from __future__ import annotations
 
-from kdist.planner.cost_model import (Plan, communication_time, estimate, gradient_bytes,
-                                      recommend, wire_bytes)
-from kdist.planner.measure import measure_compute
+from kdist.planner.cost_model import (CompressionCost, Plan, communication_time, estimate,
+                                      gradient_bytes, recommend, wire_bytes)
+from kdist.planner.measure import measure_compression, measure_compute
 
 
 def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, latency: float = 0.0,
          compressor=None, overlap: bool = False, host_cost: float = 0.0,
          measure=measure_compute, max_global_batch: int | None = None,
-         progress=lambda message: None) -> Plan:
+         progress=lambda message: None, compression_cost=measure_compression) -> Plan:
     """Measures t1 for per-replica batches from per_replica_batch/8 to 8x and estimates each.
 
-    `measure(model_fn, batch)` returns t1 or (t1, spread); `progress(message)` hears of each
+    `measure(model_fn, batch)` returns t1 or (t1, spread); `compression_cost(model, compressor,
+    replicas)` the compressor's CPU seconds per step; `progress(message)` hears of each
     measurement before it starts."""
     if per_replica_batch < 1 or replicas < 1:
         raise ValueError("--per-replica-batch and --replicas must be >= 1")
     model = model_fn()
+
+    def t2_of(routed):
+        return sum(communication_time(payload, collective, replicas, bandwidth, latency,
+                                      host_cost) for collective, payload in routed.items())
+
     routed = wire_bytes(model, compressor, replicas)
-    t2 = sum(communication_time(payload, collective, replicas, bandwidth, latency, host_cost)
-             for collective, payload in routed.items())
+    t2 = t2_of(routed)
+    compressing = 0.0
+    if compressor is not None and replicas > 1:
+        progress(f"measuring what {compressor!r} costs this CPU per step")
+        compressing = compression_cost(model, compressor, replicas)
     batches = sorted({max(1, per_replica_batch * 2 ** k // 8) for k in range(7)})
     estimates = []
     for i, batch in enumerate(batches):
         progress(f"measuring t1 at per-replica batch {batch} ({i + 1}/{len(batches)})")
         timing = measure(model_fn, batch)
         t1, spread = timing if isinstance(timing, tuple) else (timing, 0.0)
-        estimates.append(estimate(batch, t1, t2, replicas, overlap, spread))
+        estimates.append(estimate(batch, t1, t2, replicas, overlap, spread, compressing))
     requested = next(e for e in estimates if e.per_replica_batch == per_replica_batch)
+    cost = None
+    if compressor is not None and replicas > 1:
+        plain = estimate(requested.per_replica_batch, requested.t1,
+                         t2_of(wire_bytes(model, None, replicas)), replicas, overlap,
+                         requested.spread)
+        cost = CompressionCost(type(compressor).__name__, compressing, plain)
     return Plan(replicas, gradient_bytes(model), sum(routed.values()), " + ".join(sorted(routed)),
                 estimates, requested, recommend(estimates, replicas, max_global_batch),
-                max_global_batch)
+                max_global_batch, cost)
 
 
 def plot(result: Plan, path: str) -> None:
