@@ -145,6 +145,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     default strategy. A bare `scope()` (no strategy, no options) after `kdist.strategy(...)` or
     `kdist.scope(...)` enters that same strategy. Create models and call `compile()` inside.
     """
+    from kdist.compression import one_host
     from kdist.exchange import buckets
     from kdist.training import options as training_options
 
@@ -155,6 +156,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
         hang_timeout=hang_timeout, hang_action=hang_action)
     chosen = _build_or_reuse(strategy, options)
     requested.checked_for(chosen)
+    one_host.warn_if_one_host(requested.compression, chosen, strategies.cluster_of(chosen))
     if requested.bucket_bytes is not None:
         buckets.warn_if_serial()
     with chosen.scope(), training_options.activated(requested):

@@ -156,3 +156,36 @@ def test_topk_clip_norm_clips_each_replica_to_clip_norm_over_sqrt_n(report):
     assert min(clip["replica_norms"]) > 0.05  # both replicas clipped...
     assert clip["clipped_vs_hand"] < 1e-6  # ...each to 0.05 / sqrt(2), then summed
     assert clip["step_norm"] <= 2 * 0.05 / math.sqrt(2) + 1e-6  # two clipped gradients
+
+
+@pytest.mark.parametrize("compression,warned", [("fp16", True), (None, False)])
+def test_compression_between_replicas_of_one_process_says_it_cannot_pay(compression, warned):
+    """Mirrored over 2 logical CPUs: the gradients never leave the process, so kdist says that
+    compressing them costs more than it saves, and how to measure a real link."""
+    result = run_python(["-c", f"""
+import kdist
+kdist.split_cpu(2)
+with kdist.scope(compression={compression!r}):
+    pass
+"""], timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    said = "kdist: compression FP16 with every replica on one host (this process)"
+    assert (said in result.stderr) is warned, result.stderr[-3000:]
+    assert ("kdist plan --compression NAME --bandwidth LINK" in result.stderr) is warned
+
+
+def test_compression_across_hosts_says_nothing(caplog):
+    """Tasks on two hosts exchange over a network, where compression may pay: no warning."""
+    import types
+
+    from kdist.cluster import ClusterSpec
+    from kdist.compression import FP16, one_host
+
+    strategy = types.SimpleNamespace(num_replicas_in_sync=2)
+    apart = ClusterSpec({"worker": ["node-a:2222", "node-b:2222"]}, "worker", 0)
+    together = ClusterSpec({"worker": ["node-a:2222", "node-a:2223"]}, "worker", 0)
+    with caplog.at_level("WARNING", logger="kdist"):
+        one_host.warn_if_one_host(FP16(), strategy, apart)
+        assert not caplog.records
+        one_host.warn_if_one_host(FP16(), strategy, together)
+    assert "on one host (node-a)" in caplog.text

@@ -22,7 +22,7 @@ def wire(tmp_path_factory):
     result = run_kdist(["launch", "--workers", "2", "--timeout", "500", "--private-network", "--",
                         sys.executable, "tests/programs/wire_job.py", str(out), "3", "8"], timeout=540)
     assert result.returncode == 0, result.stdout[-5000:] + result.stderr[-2000:]
-    return json.load(open(out / "wire.json"))
+    return dict(json.load(open(out / "wire.json")), output=result.stdout + result.stderr)
 
 
 def test_uncompressed_traffic_is_a_ring_all_reduce(wire):
@@ -42,3 +42,16 @@ def test_accuracy_within_one_point_of_uncompressed(wire, name):
     baseline = wire["results"]["none"]["digits_accuracy"]
     assert baseline > 0.93
     assert wire["results"][name]["digits_accuracy"] >= baseline - 0.01
+
+
+def test_each_worker_hears_that_compression_cannot_pay_on_one_host(wire):
+    """Both workers are on 127.0.0.1: each compressing scope (the job enters two per compressor)
+    says on each worker that compression costs more than it saves there, and how to measure a
+    real link; the uncompressed scopes say nothing."""
+    for name in ("FP16", "PowerSGD", "TopK"):
+        said = [line for line in wire["output"].splitlines()
+                if f"kdist: compression {name} with every replica on one host (127.0.0.1)" in line]
+        assert len(said) == 4, (name, wire["output"][-3000:])
+        assert all("kdist plan --compression" in line for line in said)
+        assert {line.partition("]")[0][-1] for line in said} == {"0", "1"}  # [worker-0], -1
+    assert wire["output"].count("with every replica on one host") == 12
