@@ -16,6 +16,10 @@ reports the median of its warm steps, and the table the median over rounds:
   the 2-worker step over max(t1, t2), t1 the 1-worker step (the classic step-time model: 1.0 is
   a step whose exchange hides entirely behind its compute).
 
+kdist with gradient compression runs where `--contenders` names it ("kdist fp16", "kdist bf16",
+"kdist powersgd:4", "kdist topk:0.01"): on 127.0.0.1 the link is memory, so this measures what
+each compressor costs where it cannot save anything (saved as peers_compression: `--name`).
+
 Needs `pip install torch tf_keras` (tf_keras matching the installed TensorFlow; the CPU build of
 PyTorch); a contender whose package is missing is left out, saying so. Saves
 benchmarks/results/peers.{json,md}.
@@ -34,6 +38,8 @@ import measure  # noqa: E402
 import results_table  # noqa: E402
 
 CONTENDERS = ("kdist", "kdist TF collectives", "tf_keras", "pytorch ddp")
+# kdist with gradient compression (not run by default: --contenders names them)
+COMPRESSED = {f"kdist {name}": name for name in ("fp16", "bf16", "powersgd:4", "topk:0.01")}
 MODELS = {"large": 1024, "small": 256}  # hidden width of the 784-h-h-10 MLP
 INPUTS, CLASSES = 784, 10
 
@@ -71,7 +77,7 @@ def run_kdist(args, workers, rank):
 
     x, y = data(args.per_worker_batch, args.steps, 0)  # every worker the same data: DATA sharding
     x, y = np.concatenate([x] * workers), np.concatenate([y] * workers)
-    with kdist.scope():
+    with kdist.scope(compression=COMPRESSED.get(args.contender)):
         model = _keras_mlp(keras, args.hidden)
     step = timed_fit_keras(keras, model, x, y, args.per_worker_batch * workers, args.steps)
     from kdist.exchange.comm import tcp_ring
@@ -184,7 +190,7 @@ def _parameters(hidden: int) -> int:
 
 
 RUNNERS = {"kdist": run_kdist, "kdist TF collectives": run_kdist, "tf_keras": run_tf_keras,
-           "pytorch ddp": run_ddp}
+           "pytorch ddp": run_ddp, **{name: run_kdist for name in COMPRESSED}}
 
 
 def worker(args):
