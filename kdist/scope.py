@@ -117,7 +117,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     The training options (`kdist.training.options.TrainingOptions`) apply to the models compiled
     inside the block, checked once against the strategy:
 
-    - `compression`: a name (``"fp16"``, ``"bf16"``, ``"powersgd:4"``, ``"topk:0.01"``) or a
+    - `compression`: a name of `kdist.compression.registry` (``"powersgd:4"``) or a
       `kdist.compression.Compressor`; `aggregate_every`: all-reduce every k steps, accumulating
       locally; `bucket_bytes`: all-reduce in buckets of about that many bytes, last layer first,
       each as soon as its gradients exist (`kdist.exchange.buckets`). Mirrored and

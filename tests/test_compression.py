@@ -1,5 +1,6 @@
 """Gradient compression: correctness under MirroredStrategy (2 logical CPUs, one fresh process)."""
 
+import json
 import math
 
 import pytest
@@ -189,3 +190,50 @@ def test_compression_across_hosts_says_nothing(caplog):
         assert not caplog.records
         one_host.warn_if_one_host(FP16(), strategy, together)
     assert "on one host (node-a)" in caplog.text
+
+
+def test_a_new_compressor_is_one_file_and_one_registry_line():
+    """tests/programs/halve_compressor.py plus its line in the registry: kdist.scope takes it by
+    name on 2 replicas and trains exactly as with BF16 (the same arithmetic); the names that
+    errors and `kdist plan --help` list include it; an argument it does not take is refused."""
+    result = run_python(["-c", """
+import json, sys
+sys.path.insert(0, "tests/programs")
+import kdist, keras, numpy as np
+from kdist import model_state
+from kdist.compression import registry
+registry.COMPRESSORS["halve"] = "halve_compressor:Halve"  # the one line
+
+kdist.split_cpu(2)
+x = np.random.default_rng(0).normal(size=(256, 16)).astype("float32")
+y = x @ np.arange(16, dtype="float32").reshape(16, 1)
+
+def trained(compression):
+    keras.utils.set_random_seed(0)
+    with kdist.scope(compression=compression):
+        model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(8), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.01), "mse")
+    history = model.fit(x, y, batch_size=32, epochs=2, shuffle=False, verbose=0).history
+    return model, history["loss"]
+
+halve, losses = trained("halve")
+bf16, _ = trained("bf16")
+try:
+    registry.from_name("halve:2")
+    refused = ""
+except kdist.validators.UsageError as err:
+    refused = str(err)
+print(json.dumps({
+    "compressor": type(model_state.exchange_of(halve.optimizer).compressor).__name__,
+    "by_name": type(registry.from_name("halve")).__name__,
+    "learned": losses[-1] < losses[0],
+    "as_bf16": max(float(np.abs(a - b).max()) for a, b in zip(halve.get_weights(),
+                                                              bf16.get_weights())),
+    "listed": registry.spelled(), "refused": refused}))
+"""], timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["by_name"] == report["compressor"] == "Halve" and report["learned"], report
+    assert report["as_bf16"] == 0.0, report
+    assert report["listed"].endswith("topk:RATIO or halve"), report
+    assert "'halve:2': halve takes no argument" in report["refused"], report

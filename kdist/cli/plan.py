@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from kdist.cli import parsing
+from kdist.compression import registry
 
 # Imported inside functions: kdist.planner, which `kdist --help` must not load (it imports
 # TensorFlow).
@@ -31,8 +32,7 @@ def add(commands) -> None:
                       help="link speed per worker: 1Gbit, 1Gbps, 10Gb/s, 10G (bits) or 125MB/s "
                            "(bytes)")
     plan.add_argument("--latency", default="0us", help="per-message latency, e.g. 50us")
-    plan.add_argument("--compression", default="none",
-                      help="none, fp16, bf16, powersgd:RANK or topk:RATIO")
+    plan.add_argument("--compression", default="none", help=registry.spelled())
     plan.add_argument("--overlap", action="store_true",
                       help="assume communication overlaps computation: max(t1, t2) instead of "
                            "t1 + t2 (what Keras on tf.distribute achieves; kdist.scope("

@@ -7,18 +7,30 @@
 >>> round(kdist.compression.stats(model)["comm_ratio"], 1)    # 64x64 kernel 8x, the rest plain
 6.6
 
-Compressors: `NoCompression`, `FP16`, `BF16`, `PowerSGD`, `TopK`; by name with
-`from_name("powersgd:4")`. Write your own by subclassing
-`Compressor` (state + compress/decompress). `aggregate_every=k` in `kdist.scope()` accumulates
-gradients locally and all-reduces their mean every k steps.
+Compressors: `NoCompression` and those of `kdist.compression.registry` (`FP16`, `BF16`,
+`PowerSGD`, `TopK`); by name with `from_name("powersgd:4")`. Write your own by subclassing
+`Compressor` (state + compress/decompress), and give it a name with one line in the registry.
+`aggregate_every=k` in `kdist.scope()` accumulates gradients locally and all-reduces their mean
+every k steps.
+
+The compressors load on first use (they need TensorFlow; the registry's names do not).
 """
 
-from kdist.compression.base import Comm, Compressor, NoCompression
-from kdist.compression.casting import BF16, FP16
-from kdist.exchange.stats import stats
-from kdist.compression.names import from_name
-from kdist.compression.powersgd import PowerSGD
-from kdist.compression.topk import TopK
+import importlib as _importlib
 
-__all__ = ["BF16", "FP16", "Comm", "Compressor", "NoCompression", "PowerSGD", "TopK", "from_name",
-           "stats"]
+from kdist.compression import registry as _registry
+
+_LAZY = {"Comm": "kdist.compression.base", "Compressor": "kdist.compression.base",
+         "NoCompression": "kdist.compression.base", "from_name": "kdist.compression.registry",
+         "stats": "kdist.exchange.stats", **_registry.classes()}
+
+
+def __getattr__(name):
+    if name not in _LAZY:
+        raise AttributeError(f"module 'kdist.compression' has no attribute {name!r}")
+    value = getattr(_importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
+
+
+__all__ = sorted(_LAZY)

@@ -44,6 +44,15 @@ class Compressor:
 
     collective = "all_reduce"  # or "all_gather": how `compress`'s payload is combined
 
+    @classmethod
+    def from_argument(cls, argument: str | None, **options) -> "Compressor":
+        """The compressor that ``name:argument`` names (`kdist.compression.registry`), `options`
+        going to the constructor; a compressor whose name takes no argument is built from
+        `options` alone."""
+        if argument is not None:
+            raise ValueError(f"{cls.__name__} takes no argument")
+        return cls(**options)
+
     def __init__(self, min_compression_rate: float = 2.0, start_step: int = 0):
         if not min_compression_rate >= 1:
             raise ValueError(f"min_compression_rate={min_compression_rate!r}: use a number >= 1")

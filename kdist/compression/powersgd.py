@@ -37,6 +37,11 @@ class PowerSGD(Compressor):
         self.rank, self.error_feedback, self.warm_start, self.seed = \
             rank, error_feedback, warm_start, seed
 
+    @classmethod
+    def from_argument(cls, argument, **options) -> "PowerSGD":
+        """``powersgd:RANK``; ``powersgd`` is rank 4."""
+        return cls(**({"rank": int(argument)} if argument else {}), **options)
+
     def should_compress(self, shape) -> bool:
         return len(shape) >= 2 and self.rank < min(_matrix_shape(shape)) and \
             super().should_compress(shape)

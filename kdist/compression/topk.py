@@ -58,6 +58,11 @@ class TopK(Compressor):
         self.warmup, self.warmup_steps, self.values = tuple(warmup), warmup_steps, values
         self.clip_norm = clip_norm
 
+    @classmethod
+    def from_argument(cls, argument, **options) -> "TopK":
+        """``topk:RATIO``; ``topk`` is 1%."""
+        return cls(**({"ratio": float(argument)} if argument else {}), **options)
+
     def stage_at(self, step: int) -> float:
         """The ratio sent at optimizer `step`: a warm-up ratio, then `ratio`."""
         index = (step - self.start_step) // self.warmup_steps if self.warmup else 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 import re
 
-from kdist.compression.names import from_name
+from kdist.compression.registry import from_name
 from kdist.validators import UsageError
 
 _PREFIXES = {"": 1, "k": 1e3, "m": 1e6, "g": 1e9, "t": 1e12}
@@ -50,7 +50,7 @@ def parse_latency(text: str) -> float:
 
 
 def parse_compression(text: str | None):
-    """``none``, ``fp16``, ``bf16``, ``powersgd:RANK``, ``topk:RATIO`` -> a kdist compressor."""
+    """A name of `kdist.compression.registry` -> a kdist compressor (None for ``none``)."""
     try:
         return from_name(text)
     except UsageError as err:

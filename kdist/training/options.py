@@ -4,8 +4,8 @@ One object holds every training option of a scope, parsed from strings or object
 against the strategy the scope enters (`checked_for`), and bound to each model compiled inside the
 block (`kdist.model_state`):
 
-- ``compression``: ``None``, a name (``"fp16"``, ``"bf16"``, ``"powersgd:4"``, ``"topk:0.01"``,
-  ``"none"``) or a `kdist.compression.Compressor`;
+- ``compression``: ``None``, a name of `kdist.compression.registry` (``"powersgd:4"``) or a
+  `kdist.compression.Compressor`;
 - ``aggregate_every``: all-reduce every k steps, accumulating locally in between;
 - ``bucket_bytes``: all-reduce in buckets of about that many bytes, last layer first;
 - ``balance``: ``"measure"`` or one share per replica (`kdist.balance`);
@@ -34,7 +34,7 @@ import dataclasses
 from kdist import strategies, validators
 from kdist.balance.plan import Balance
 from kdist.compression.base import Compressor, NoCompression
-from kdist.compression.names import NAMES, from_name
+from kdist.compression.registry import from_name, spelled
 from kdist.ps.sync import SyncMode
 from kdist.steps import watchdog
 from kdist.validators import UsageError
@@ -124,7 +124,7 @@ def _compressor(value):
     if isinstance(value, str):
         return from_name(value)
     raise UsageError("compression", f"{value!r} is neither a name nor a compressor",
-                     f"use {NAMES}, or a kdist.compression.Compressor such as "
+                     f"use {spelled()}, or a kdist.compression.Compressor such as "
                      "kdist.compression.PowerSGD(rank=4)")
 
 
