@@ -5,7 +5,11 @@ workers against the same program in one plain Keras process (no kdist).
 
 The work (issue "reliability round three"): 256 rows of 8 features per worker, batch 32 per
 worker (8 steps an epoch), an MLP 8-32-2, ModelCheckpoint (weights, every epoch) and CSVLogger,
-`fit(..., epochs=N)`; each process records its RSS at every epoch's end. The growth is the
+`fit(..., epochs=N)`; each process records its RSS at every epoch's end. A third contender,
+"tf MWMS loop", is TensorFlow alone on the same 2 workers (no Keras, no kdist): the same MLP
+trained by a loop that, like `fit`, iterates a distributed dataset once per epoch and all-reduces
+the gradients each step; it is the floor that MultiWorkerMirroredStrategy itself sets. The
+growth is the
 least-squares slope over the epochs after the first 30 (tracing, first allocations), per 100
 epochs; file descriptors and threads at the end next to the start. Saves
 benchmarks/results/soak.{json,md}.
@@ -22,11 +26,16 @@ import measure  # noqa: E402
 import results_table  # noqa: E402
 
 ROWS, FEATURES, PER_WORKER_BATCH, WARMUP = 256, 8, 32, 30
+CONTENDERS = ("keras", "kdist", "tf MWMS loop")
+MULTI_WORKER = ("kdist", "tf MWMS loop")  # 2 workers each; keras: one process
 
 
 def train(args):
     """One process of one contender: fits and writes its RSS per epoch to args.out."""
     import psutil
+
+    if args.contender == "tf MWMS loop":
+        return train_tf_loop(args)
 
     if args.contender == "kdist":
         import kdist
@@ -69,6 +78,54 @@ def train(args):
             json.dump({"workers": workers}, f)
 
 
+def train_tf_loop(args):
+    """TensorFlow's MultiWorkerMirroredStrategy alone: the soak's MLP and data, SGD by hand,
+    one distributed iterator per epoch (as `fit` makes), an all-reduce of the gradients per
+    step."""
+    import numpy as np
+    import psutil
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.cluster_resolver.cluster_spec().num_tasks("worker")
+    rank = strategy.cluster_resolver.task_id
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(ROWS * workers, FEATURES)).astype("float32")
+    y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+    dataset = strategy.experimental_distribute_dataset(
+        tf.data.Dataset.from_tensor_slices((x, y)).batch(PER_WORKER_BATCH * workers))
+    with strategy.scope():
+        weights = [tf.Variable(rng.normal(size=shape).astype("float32") * 0.1)
+                   for shape in ((FEATURES, 32), (32,), (32, 2), (2,))]
+
+    @tf.function
+    def step(batch):
+        def replica_step(inputs, labels):
+            with tf.GradientTape() as tape:
+                hidden = tf.nn.relu(inputs @ weights[0] + weights[1])
+                loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(
+                    labels, hidden @ weights[2] + weights[3]))
+            grads = tf.distribute.get_replica_context().all_reduce(
+                "MEAN", tape.gradient(loss, weights))
+            for weight, grad in zip(weights, grads):
+                weight.assign_sub(0.01 * grad)
+        strategy.run(replica_step, args=batch)
+
+    process = psutil.Process()
+    start = {"fds": process.num_fds(), "threads": process.num_threads()}
+    samples = []
+    for _ in range(args.epochs):
+        for batch in dataset:
+            step(batch)
+        samples.append(process.memory_info().rss)
+    end = {"fds": process.num_fds(), "threads": process.num_threads()}
+    with open(f"{args.out}.{rank}", "w") as f:
+        json.dump({"rss": samples, "start": start, "end": end}, f)
+    if rank == 0:
+        with open(args.out, "w") as f:
+            json.dump({"workers": workers}, f)
+
+
 def growth_per_100_epochs(rss: list) -> float:
     """MiB per 100 epochs: the least-squares slope of RSS over the epochs after WARMUP."""
     import numpy as np
@@ -79,11 +136,12 @@ def growth_per_100_epochs(rss: list) -> float:
 
 
 def run(contender: str, epochs: int, folder: str) -> list[dict]:
-    out = os.path.join(folder, f"{contender}.json")
+    out = os.path.join(folder, f"{contender.replace(' ', '_')}.json")
     command = [sys.executable, os.path.abspath(__file__), "--train", "--contender", contender,
                "--epochs", str(epochs), "--out", out]
-    if contender == "kdist":
-        workers = measure.local_job(command, 2, out, "soak: kdist", timeout=3600)["workers"]
+    if contender in MULTI_WORKER:
+        workers = measure.local_job(command, 2, out, f"soak: {contender}",
+                                    timeout=3600)["workers"]
     else:
         import subprocess
 
@@ -108,7 +166,7 @@ def table(rows: list, args) -> str:
              "| contender | process | RSS growth per 100 epochs | RSS at the end | fds start -> end "
              "| threads start -> end |", "|---|---|---|---|---|---|"]
     for row in rows:
-        process = f"worker {row['task']}" if row["contender"] == "kdist" else "one process"
+        process = f"worker {row['task']}" if row["contender"] in MULTI_WORKER else "one process"
         lines.append(f"| {row['contender']} | {process} "
                      f"| {row['growth_mib_per_100_epochs']:.1f} MiB | {row['rss_end_mib']:.0f} MiB "
                      f"| {row['fds'][0]} -> {row['fds'][1]} | {row['threads'][0]} -> "
@@ -130,7 +188,7 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.rounds):
-            for contender in ("keras", "kdist"):
+            for contender in CONTENDERS:
                 rows += run(contender, args.epochs, folder)
     text = table(rows, args)
     print(text)
