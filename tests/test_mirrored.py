@@ -98,6 +98,18 @@ def test_what_keras_and_kdist_build_is_read_without_autotuning():
     assert report["per_device_autotuned_upstream"] == [True, True]
 
 
+def test_fit_makes_one_iterator_per_epoch():
+    """Fix one_iterator_per_epoch: a 3-epoch fit makes 3 distributed iterators over arrays, a
+    PyDataset and a tf.data dataset of known size (upstream, Keras >= 3.7: 6, one at each epoch's
+    end that the next epoch's start replaces unread); a generator with steps_per_epoch keeps one."""
+    report = distributed_reads()
+    known_size = ("arrays, shuffled", "arrays (evaluate)", "PyDataset", "user's tf.data")
+    assert report["iterators"] == {**dict.fromkeys(known_size, 3), "generator": 1}, report
+    upstream = 6 if report["makes_two"] else 3
+    assert report["iterators_upstream"] == {**dict.fromkeys(known_size, upstream),
+                                            "generator": 1}, report
+
+
 def test_deleting_a_multi_device_iterator_waits_for_autotuning_upstream():
     """Upstream: deleting a MultiDeviceIterator over an autotuned dataset can wait for the
     autotuning thread's next wake-up (1 to 4 deletions in 16 waited 0.1-2.3 s here), and over a

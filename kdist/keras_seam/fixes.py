@@ -407,6 +407,65 @@ def _empty_batch_loss_zero(original):
     return reduce_values
 
 
+# 12. Keras >= 3.7 makes two iterators over fit's dataset for every epoch whose size it knows
+#     (arrays, a PyDataset, a dataset of known cardinality) when no steps_per_epoch is given: one
+#     at the epoch's end, for the next epoch, and one at the next epoch's start, which replaces
+#     it unread; after the last epoch the first is made for nothing. Under a strategy each is a
+#     distributed iterator: a MultiDeviceIterator per worker, whose making costs time at every
+#     epoch boundary and at fit's end, and under MultiWorkerMirrored keeps memory in
+#     TensorFlow's runtime for every one made (benchmarks/results/soak.md). An epoch's iterator
+#     is now made when its first batch is read: one per epoch, none after the last.
+def _iterator_made_on_first_read(original):
+    """`TFEpochIterator._get_iterator`: the dataset, whose `iter()` is `_Unmade` until read."""
+    @functools.wraps(original)
+    def _get_iterator(self):
+        return _MadeOnFirstRead(original(self))
+
+    return _get_iterator
+
+
+def _first_read_makes_the_iterator(original):
+    """`TFEpochIterator.__next__`: the step's iterator, made if it was not yet."""
+    @functools.wraps(original)
+    def __next__(self):
+        step = original(self)
+        unmade = step[-1]
+        if not isinstance(unmade, _Unmade):
+            return step
+        iterator = unmade.made()
+        if self._current_iterator is unmade:
+            self._current_iterator = iterator
+        return (*step[:-1], iterator)
+
+    return __next__
+
+
+class _MadeOnFirstRead:
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __iter__(self):
+        return _Unmade(self.dataset)
+
+
+class _Unmade:
+    """An iterator over `dataset` not made yet: `made()` makes it, once."""
+
+    def __init__(self, dataset):
+        self.dataset, self._iterator = dataset, None
+
+    def made(self):
+        if self._iterator is None:
+            self._iterator = iter(self.dataset)
+        return self._iterator
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        return next(self.made())
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -455,6 +514,14 @@ FIXES = [
           why="a dataset read from fewer files than workers fails at its first batch under "
               "MultiWorkerMirrored ('Could not apply FILE based sharding'), and each epoch's "
               "new iterator waits up to a second (the sharding rewrite of its graph)"),
+    Patch("one_iterator_per_epoch", FIX,
+          {Target("TFEpochIterator", "_get_iterator"): _iterator_made_on_first_read,
+           Target("TFEpochIterator", "__next__"): _first_read_makes_the_iterator},
+          upstream="none filed; see kdist/keras_seam/fixes.py (EpochIterator._enumerate_iterator)",
+          keras_versions=("3.7.0", versions.KERAS_RANGE[1]),
+          why="fit under a strategy makes two distributed iterators per epoch, one never read "
+              "(also after the last epoch): each costs time at the epoch boundary and at fit's "
+              "end, and memory that MultiWorkerMirrored never gives back"),
     Patch("atomic_assign_under_parameter_server", FIX,
           {Target("Variable", name): _atomic(name) for name in ("assign_add", "assign_sub")},
           upstream="none filed; see kdist/keras_seam/fixes.py",

@@ -9,6 +9,9 @@ process). Prints one JSON line:
   input (kdist's fixes replace Keras's dataset: Keras's own is no longer distributed first);
 - `per_device_autotuned`: whether the dataset of each device's iterator (TensorFlow's, over the
   MultiDeviceIterator) keeps the autotuning model: with the fix, and upstream (the fix removed);
+- `iterators`: how many distributed iterators a 3-epoch fit makes, for each kind of input (fix
+  one_iterator_per_epoch: one per epoch; `iterators_upstream`, the fix removed: Keras >= 3.7 makes
+  two per epoch where it knows the epoch's size); `makes_two` whether the fix applies here;
 - `upstream`: how many MultiDeviceIterators over an autotuned dataset were read and deleted
   until a deletion waited (and how long it waited); `upstream_per_device`: the same over a
   dataset without autotuning, the per-device datasets as TensorFlow makes them.
@@ -75,6 +78,26 @@ def distributions(strategy, **inputs_of_fit) -> int:
     return len(made)
 
 
+def iterators(strategy, **inputs_of_fit) -> int:
+    """How many distributed iterators `fit(..., epochs=3)` makes (each a MultiDeviceIterator)."""
+    from tensorflow.python.distribute import input_lib
+
+    made = []
+    kinds = (input_lib.DistributedDataset, input_lib.DistributedDatasetsFromFunction)
+    originals = {kind: kind.__iter__ for kind in kinds}
+    for kind in kinds:
+        kind.__iter__ = lambda self, _iter=originals[kind]: made.append(1) or _iter(self)
+    try:
+        with kdist.scope():
+            model = keras.Sequential([keras.Input((5,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(**inputs_of_fit, epochs=3, verbose=0)
+    finally:
+        for kind, method in originals.items():
+            kind.__iter__ = method
+    return len(made)
+
+
 def per_device_autotuned(strategy) -> list:
     """For each replica's iterator of a distributed user's dataset: does its dataset autotune?"""
     distributed = iter(strategy.experimental_distribute_dataset(
@@ -128,8 +151,12 @@ report = {
     "autotuned": for_each_input(autotuned),
     "distributions": for_each_input(distributions),
     "per_device_autotuned": per_device_autotuned(strategy),
+    "iterators": for_each_input(iterators),
+    "makes_two": patches.patch("one_iterator_per_epoch").active,
     "upstream": deletions_until_a_wait(autotuned_source=True),
 }
+patches.patch("one_iterator_per_epoch").uninstall()
+report["iterators_upstream"] = for_each_input(iterators)
 patches.patch("distributed_reads_end_at_once").uninstall()
 report.update(per_device_autotuned_upstream=per_device_autotuned(strategy),
               upstream_per_device=deletions_until_a_wait(autotuned_source=False))
