@@ -70,12 +70,7 @@ def train(args):
               callbacks=[keras.callbacks.ModelCheckpoint(os.path.join(folder, "m.weights.h5"),
                                                          save_weights_only=True),
                          keras.callbacks.CSVLogger(os.path.join(folder, "log.csv")), Record()])
-    end = {"fds": process.num_fds(), "threads": process.num_threads()}
-    with open(f"{args.out}.{rank}", "w") as f:
-        json.dump({"rss": samples, "start": start, "end": end}, f)
-    if rank == 0:
-        with open(args.out, "w") as f:
-            json.dump({"workers": workers}, f)
+    write(args, process, samples, start, workers, rank)
 
 
 def train_tf_loop(args):
@@ -118,6 +113,11 @@ def train_tf_loop(args):
         for batch in dataset:
             step(batch)
         samples.append(process.memory_info().rss)
+    write(args, process, samples, start, workers, rank)
+
+
+def write(args, process, samples: list, start: dict, workers: int, rank: int) -> None:
+    """This process's RSS per epoch, and its fds and threads at the start and now."""
     end = {"fds": process.num_fds(), "threads": process.num_threads()}
     with open(f"{args.out}.{rank}", "w") as f:
         json.dump({"rss": samples, "start": start, "end": end}, f)
