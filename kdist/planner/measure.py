@@ -18,7 +18,7 @@ def measure_host_cost(payload: int, timeout: float = 300) -> float:
 
     with tempfile.TemporaryDirectory() as scratch:
         out = os.path.join(scratch, "host_cost.json")
-        code = f"from kdist.planner.measure import _host_cost_task; _host_cost_task({payload}, {out!r})"
+        code = f"from kdist.planner import host_cost; host_cost.task({payload}, {out!r})"
         subprocess.run([sys.executable, "-m", "kdist", "launch", "--workers", "2", "--timeout",
                         str(timeout), "--", sys.executable, "-c", code], check=True,
                        timeout=timeout + 30,  # the launcher stops its tasks within that
@@ -26,34 +26,6 @@ def measure_host_cost(payload: int, timeout: float = 300) -> float:
         with open(out) as f:
             seconds = json.load(f)["seconds"]
     return seconds / payload  # n = 2: each worker moves 2(n-1)/n x payload = payload bytes
-
-
-def _host_cost_task(payload: int, out: str, repeats: int = 20) -> None:
-    import json
-
-    import kdist
-    from kdist.exchange.comm import Comm
-
-    strategy = kdist.strategy("multi_worker")
-    import tensorflow as tf
-
-    values = tf.ones([payload // 4])
-
-    @tf.function
-    def all_reduce():  # as the gradients are summed: kdist's TCP ring on CPU workers
-        return strategy.run(lambda: Comm(tf.distribute.get_replica_context(), step=None)
-                            .all_reduce_sum([values])[0])
-
-    for _ in range(3):
-        all_reduce()
-    timings = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        float(strategy.experimental_local_results(all_reduce())[0][0])
-        timings.append(time.perf_counter() - started)
-    if kdist.cluster().is_chief:
-        with open(out, "w") as f:
-            json.dump({"seconds": sorted(timings)[len(timings) // 2]}, f)
 
 
 def measure_compute_time(model_fn, per_replica_batch: int, steps: int = 8, repeats: int = 5) -> float:
