@@ -29,11 +29,11 @@ import tempfile
 
 from kdist import startup
 from kdist.cluster import environment, slurm
+from kdist.cluster.addresses import host_of
 from kdist.cluster.spec import ClusterSpecError
 from kdist.cluster.spec_file import load_spec
 from kdist.keras_seam.doctor import report
 from kdist.launch.group import is_tf_noise
-from kdist.launch.hosts import host_of
 from kdist.validators import UsageError
 
 OK, WARNING, PROBLEM = "ok", "warning", "problem"

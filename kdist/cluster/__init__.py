@@ -3,7 +3,8 @@
 - `spec`: `ClusterSpec` (jobs, addresses, this task), `ClusterSpecError` (field, problem, fix);
 - `environment`: `cluster()`, this process's cluster from TF_CONFIG or Slurm;
 - `slurm`: the cluster of an `srun` step;
-- `spec_file`: cluster-spec files (`cluster_specs/*.json|yaml`) and their Kubernetes fields.
+- `spec_file`: cluster-spec files (`cluster_specs/*.json|yaml`) and their Kubernetes fields;
+- `addresses`: a task address's host, and whether it is this machine's loopback.
 
 >>> from kdist.cluster import ClusterSpec
 >>> ClusterSpec.local_layout({"worker": 2}, ports=[2222, 2223]).jobs

@@ -16,16 +16,16 @@ from __future__ import annotations
 
 import logging
 
-logger = logging.getLogger("kdist")
+from kdist.cluster.addresses import host_of, is_loopback
 
-_LOOPBACK = ("localhost", "::1", "[::1]")
+logger = logging.getLogger("kdist")
 
 
 def where_replicas_are(addresses: list[str]) -> str | None:
     """The one host of `addresses` ("host:port"; loopback names count as one), else None."""
-    hosts = {address.rpartition(":")[0] for address in addresses}
-    if all(host in _LOOPBACK or host.startswith("127.") for host in hosts):
+    if all(is_loopback(address) for address in addresses):
         return "127.0.0.1"
+    hosts = {host_of(address) for address in addresses}
     return hosts.pop() if len(hosts) == 1 else None
 
 

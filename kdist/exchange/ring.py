@@ -49,6 +49,7 @@ import time
 import numpy as np
 
 from kdist import global_state
+from kdist.cluster.addresses import host_of
 
 BUFFER_BYTES = 4 << 20
 NONCE_BYTES, PROOF_BYTES = 16, 32
@@ -169,7 +170,7 @@ class Ring:
             return cls(rank, size, None, None, names)
         if generation is None:  # every worker builds its rings in the same order: the same keys
             generation = next(global_state.setdefault("exchange.rings", itertools.count))
-        host = addresses[rank].rpartition(":")[0].strip("[]")
+        host = host_of(addresses[rank])
         listener = _listen(host, port)
         publish(f"kdist/ring/{generation}/{rank}", f"{host}:{listener.getsockname()[1]}")
         admitted: dict = {}  # the predecessor is admitted while this worker proves itself:

@@ -17,24 +17,9 @@ from __future__ import annotations
 
 import socket
 
+from kdist.cluster.addresses import host_of, is_loopback
 from kdist.cluster.spec import ClusterSpec
 from kdist.validators import UsageError
-
-LOOPBACK_PREFIXES = ("127.", "localhost", "[::1]")
-
-
-def host_of(address: str) -> str:
-    """``"10.0.0.1:2222"`` -> ``"10.0.0.1"``; ``"[::1]:2222"`` -> ``"::1"``."""
-    return address.rsplit(":", 1)[0].strip("[]")
-
-
-def is_loopback(address: str) -> bool:
-    return address.startswith(LOOPBACK_PREFIXES)
-
-
-def all_loopback(spec: ClusterSpec) -> bool:
-    """True when every task listens on this machine's loopback (a local cluster)."""
-    return all(is_loopback(spec.address(*task)) for task in spec.tasks())
 
 
 def is_this_machine(host: str) -> bool:

@@ -81,6 +81,7 @@ import time
 from typing import IO, Callable, Sequence
 
 from kdist import envvars, exit_codes, safe_files, validators
+from kdist.cluster import addresses
 from kdist.cluster.spec import ClusterSpec
 from kdist.launch import hosts, private_network
 from kdist.launch import summary as summaries
@@ -207,7 +208,7 @@ class Launcher:
         # the job's secret (kdist's TCP ring proves it, kdist.exchange.ring), drawn per launch
         # when this launch starts every task; a launch per machine cannot draw one for all: the
         # user's KDIST_JOB_SECRET, else the first worker's, shared through TF's coordination service
-        if hosts.all_loopback(spec):
+        if addresses.all_loopback(spec):
             self.env.setdefault(envvars.JOB_SECRET, secrets.token_hex(16))
         self.log_dir, self.tf_logs = log_dir, tf_logs
         self.network_mode = network
@@ -400,7 +401,7 @@ class Launcher:
         made, an error if "private" was asked for, else a warning naming the exposure."""
         if self.network_mode == "host":
             return
-        if not hosts.all_loopback(self.spec):
+        if not addresses.all_loopback(self.spec):
             self.log(private_network.multi_host_warning(
                 [self.spec.address(*task) for task in self.here]))
             return
@@ -496,7 +497,7 @@ def safe_log(log_dir: str, name: str):
 def _check_network(spec: ClusterSpec, network: str | None, own_placement: bool) -> None:
     """A private network holds only a loopback interface: it cannot carry a cluster whose tasks
     listen on other addresses."""
-    if own_placement and network == "private" and not hosts.all_loopback(spec):
+    if own_placement and network == "private" and not addresses.all_loopback(spec):
         raise UsageError("--network", "private: the cluster's tasks listen on this machine's "
                          "real addresses, which a private network (a loopback only) does not have",
                          "leave --network out (or pass --network host) for a multi-host spec")
