@@ -416,10 +416,11 @@ def _empty_batch_loss_zero(original):
 #     now made when its first batch is read: one per epoch, none after the last. (Under
 #     MultiWorkerMirrored kdist's own inputs already read one iterator for the whole fit.)
 def _iterator_made_on_first_read(original):
-    """`TFEpochIterator._get_iterator`: the dataset, whose `iter()` is `_Unmade` until read."""
+    """`TFEpochIterator._get_iterator`: an `_Unmade` iterator over the dataset (Keras's `iter()`
+    of it is itself)."""
     @functools.wraps(original)
     def _get_iterator(self):
-        return _MadeOnFirstRead(original(self))
+        return _Unmade(original(self))
 
     return _get_iterator
 
@@ -438,14 +439,6 @@ def _first_read_makes_the_iterator(original):
         return (*step[:-1], iterator)
 
     return __next__
-
-
-class _MadeOnFirstRead:
-    def __init__(self, dataset):
-        self.dataset = dataset
-
-    def __iter__(self):
-        return _Unmade(self.dataset)
 
 
 class _Unmade:
