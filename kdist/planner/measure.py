@@ -3,6 +3,7 @@ replica) and the host cost of a real all-reduce (two workers on the loopback).""
 
 from __future__ import annotations
 
+import copy
 import os
 import time
 
@@ -75,6 +76,7 @@ def measure_compression(model, compressor, replicas: int, steps: int = 4,
                  if compressor is not None and compressor.should_compress(tuple(v.shape))]
     if not variables:
         return 0.0
+    compressor = copy.copy(compressor)  # its stage is this measurement's, as an Exchange's is
     compressor.enter_stage(compressor.stage_at(compressor.last_stage_step()))
     grads = [tf.random.normal(v.shape, seed=k) * 1e-3 for k, v in enumerate(variables)]
     states = [{name: keras.Variable(initializer, shape=shape, dtype="float32", trainable=False)
