@@ -30,6 +30,12 @@ CONTENDERS = ("keras", "kdist", "tf MWMS loop")
 MULTI_WORKER = ("kdist", "tf MWMS loop")  # 2 workers each; keras: one process
 
 
+def data(workers: int, rng):
+    """Every worker's rows of the soak's task (`rng`: NumPy's generator, seeded)."""
+    x = rng.normal(size=(ROWS * workers, FEATURES)).astype("float32")
+    return x, (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+
+
 def train(args):
     """One process of one contender: fits and writes its RSS per epoch to args.out."""
     import psutil
@@ -50,8 +56,7 @@ def train(args):
 
     keras.utils.set_random_seed(0)
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS * workers, FEATURES)).astype("float32")
-    y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+    x, y = data(workers, rng)
     with scope():
         model = keras.Sequential([keras.Input((FEATURES,)),
                                   keras.layers.Dense(32, activation="relu"), keras.layers.Dense(2)])
@@ -85,8 +90,7 @@ def train_tf_loop(args):
     workers = strategy.cluster_resolver.cluster_spec().num_tasks("worker")
     rank = strategy.cluster_resolver.task_id
     rng = np.random.default_rng(0)
-    x = rng.normal(size=(ROWS * workers, FEATURES)).astype("float32")
-    y = (x[:, :4].sum(1) > x[:, 4:].sum(1)).astype("int32")
+    x, y = data(workers, rng)
     dataset = strategy.experimental_distribute_dataset(
         tf.data.Dataset.from_tensor_slices((x, y)).batch(PER_WORKER_BATCH * workers))
     with strategy.scope():
