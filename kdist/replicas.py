@@ -27,9 +27,8 @@ import logging
 
 import keras
 
-from kdist import model_state as states
 from kdist.keras_seam import keras_internals, tf_internals
-from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
+from kdist.strategies import cluster_of, gather, is_multi_worker, is_parameter_server
 
 logger = logging.getLogger("kdist")
 MODES = ("error", "warn", "off")
@@ -78,7 +77,7 @@ def check_replicas(model, on_mismatch: str = "error", when: str = "now") -> list
     if not compares(strategy):
         return []
     variables = checked_variables(model)
-    checksums = _local(strategy, _checksum_function(model, strategy, variables)())
+    checksums = _checksums(strategy, variables)
     differing = [k for k in range(len(variables))
                  if (checksums[:, k] != checksums[0, k]).any()]
     if not differing:
@@ -128,55 +127,42 @@ def checked_variables(model) -> list:
     return checked
 
 
-def _checksum_function(model, strategy, variables):
-    """A tf.function returning, on every replica, the [replicas, variables, 2] checksums of all
-    replicas (cached per model and variable list)."""
-    import tensorflow as tf
+def _checksums(strategy, variables):
+    """[replicas, variables, 2]: every replica's checksums of `variables`, computed from the
+    host values of their copies and gathered over the workers (`kdist.strategies.gather`)."""
+    import numpy as np
 
-    cache = states.of(model).functions
-    key = ("replica_checksums", tuple(id(v) for v in variables))
-    if key not in cache:
-        @tf.function(autograph=False)  # nothing to convert
-        def checksums():
-            def replica():
-                local = tf.stack([_checksum(v.value) for v in variables])
-                return tf.distribute.get_replica_context().all_gather(local[None], axis=0)
-
-            return strategy.run(replica)
-
-        cache[key] = checksums
-    return cache[key]
+    local = max(1, strategy.num_replicas_in_sync // max(1, tf_internals.num_workers(strategy)))
+    own = np.zeros([local, len(variables), 2], np.int64)
+    for k, variable in enumerate(variables):
+        copies = strategy.experimental_local_results(variable.value)
+        for replica in range(local):  # a variable not mirrored: every replica reads its one copy
+            own[replica, k] = _checksum(np.asarray(copies[replica % len(copies)]))
+    return gather.per_worker(strategy, own.reshape(-1)).reshape(-1, len(variables), 2)
 
 
-def _checksum(value):
-    """Two position-weighted sums of the 16-bit halves of `value`'s 32-bit words: exact in int64
+def _checksum(array):
+    """Two position-weighted sums of the 16-bit halves of `array`'s 32-bit words: exact in int64
     (no overflow below 2^34 words), so equal copies give equal sums on every replica and worker
     whatever order the sums run in."""
-    import tensorflow as tf
+    import numpy as np
 
-    words = _words(tf.reshape(tf.convert_to_tensor(value), [-1]))
-    weight = tf.cast(tf.range(tf.size(words), dtype=tf.int32) % 8191 + 1, tf.int64)
-    low = tf.cast(tf.bitwise.bitwise_and(words, 0xFFFF), tf.int64)
-    high = tf.cast(tf.bitwise.bitwise_and(tf.bitwise.right_shift(words, 16), 0xFFFF), tf.int64)
-    return tf.stack([tf.reduce_sum(low * weight), tf.reduce_sum(high * weight)])
+    words = _words(np.ascontiguousarray(array).reshape(-1))
+    weight = np.arange(words.size, dtype=np.int32) % 8191 + 1
+    low, high = words & 0xFFFF, (words >> 16) & 0xFFFF  # each product below 2^29: int32
+    return (low * weight).sum(dtype=np.int64), (high * weight).sum(dtype=np.int64)
 
 
 def _words(flat):
     """`flat`'s bits as int32 words (bytes and 16-bit values one per word)."""
-    import tensorflow as tf
+    import numpy as np
 
-    size = flat.dtype.size
-    if flat.dtype == tf.bool:
-        return tf.cast(flat, tf.int32)
-    if size == 4:
-        return tf.bitcast(flat, tf.int32)
-    if size == 8:
-        return tf.reshape(tf.bitcast(flat, tf.int32), [-1])
-    return tf.cast(tf.bitcast(flat, tf.int16 if size == 2 else tf.int8), tf.int32)
-
-
-def _local(strategy, per_replica):
-    return strategy.experimental_local_results(per_replica)[0].numpy()
+    if flat.dtype == np.bool_:
+        return flat.astype(np.int32)
+    size = flat.dtype.itemsize
+    if size in (4, 8):
+        return flat.view(np.int32)
+    return flat.view(np.int16 if size == 2 else np.int8).astype(np.int32)
 
 
 def _differences(strategy, variables, checksums) -> list[Difference]:

@@ -28,6 +28,7 @@ import math
 import keras
 
 from kdist.steps import clock as clocks
+from kdist.strategies import gather
 from kdist.steps.watchdog import CoordinationStore, Watchdog
 
 logger = logging.getLogger("kdist")
@@ -45,7 +46,6 @@ class StepWatch(keras.callbacks.Callback):
         self.timeout, self.action = timeout, action
         self.clock = None
         self.watchdog = None
-        self._gather = None
         self._epochs = 0
         self.last: Stragglers | None = None  # the last epoch's figures
         self._unsaid: list[str] = []  # the chief's lines, said once the progress bar's ended
@@ -90,22 +90,10 @@ class StepWatch(keras.callbacks.Callback):
 
     def _gathered(self, figures: list[float]) -> list[list[float]]:
         """Every worker's figures, in worker order (a collective: every worker calls it)."""
-        import tensorflow as tf
+        import numpy as np
 
-        strategy = self.model.distribute_strategy
-        if self._gather is None:
-            @tf.function(autograph=False)  # nothing to convert
-            def gather(values):
-                def replica(values):
-                    return tf.distribute.get_replica_context().all_gather(values[None], axis=0)
-
-                return strategy.run(replica, args=(values,))
-
-            self._gather = gather
-        gathered = strategy.experimental_local_results(
-            self._gather(tf.constant(figures, tf.float64)))[0].numpy()
-        per_worker = len(gathered) // len(self.tasks)  # one row per replica
-        return [list(gathered[k * per_worker]) for k in range(len(self.tasks))]
+        rows = gather.per_worker(self.model.distribute_strategy, np.array(figures, np.float64))
+        return rows.tolist()
 
 
 class Stragglers:
