@@ -9,6 +9,7 @@ True
 
 from __future__ import annotations
 
+import contextvars
 import functools
 
 from kdist import global_state
@@ -75,21 +76,32 @@ def _after_epoch_iterator_init(adjust):
     """A fix of `TFEpochIterator.__init__`: Keras's, then ``adjust(iterator, strategy)``, which
     may replace the iterator's distributed dataset or change its adapter. Keras's distribution of
     its dataset is deferred (`_Pending`) until the outermost fix returns: a dataset a fix replaces
-    is never distributed (it was, up to three times per fit under MultiWorkerMirrored)."""
+    is never distributed (it was, up to three times per fit under MultiWorkerMirrored), and an
+    adapter's dataset whose building waits (`_built_when_distributed`) is never built."""
     def make(original):
         @functools.wraps(original)
         def __init__(self, distribute_strategy=None, *args, **kwargs):
             outermost = not isinstance(distribute_strategy, _Deferring)
-            deferring = _Deferring(distribute_strategy) if outermost else distribute_strategy
-            original(self, deferring, *args, **kwargs)
-            self._distribute_strategy = deferring.strategy
-            adjust(self, deferring.strategy)
-            if outermost and isinstance(self._distributed_dataset, _Pending):
+            if not outermost:
+                return _init_and_adjust(self, original, adjust, distribute_strategy, args, kwargs)
+            deferring = _deferring.set(True)
+            try:
+                _init_and_adjust(self, original, adjust, _Deferring(distribute_strategy), args,
+                                 kwargs)
+            finally:
+                _deferring.reset(deferring)
+            if isinstance(self._distributed_dataset, _Pending):
                 self._distributed_dataset = self._distributed_dataset.distributed()
 
         return __init__
 
     return make
+
+
+def _init_and_adjust(iterator, original, adjust, deferring, args, kwargs):
+    original(iterator, deferring, *args, **kwargs)
+    iterator._distribute_strategy = deferring.strategy
+    adjust(iterator, deferring.strategy)
 
 
 class _Deferring:
@@ -107,13 +119,44 @@ class _Deferring:
 
 
 class _Pending:
-    """A dataset Keras would distribute: distributed once no fix replaced it."""
+    """A dataset Keras would distribute: built (if it waits, `_Unbuilt`), changed by the fixes'
+    `then` in turn and distributed, once no fix replaced it."""
 
     def __init__(self, strategy, dataset, options=None):
         self.strategy, self.dataset, self.options = strategy, dataset, options
+        self._changes: list = []
+
+    def then(self, change) -> None:
+        """Distributes ``change(dataset)`` instead of the dataset."""
+        self._changes.append(change)
 
     def distributed(self):
-        return self.strategy.experimental_distribute_dataset(self.dataset, self.options)
+        dataset = self.dataset.built() if isinstance(self.dataset, _Unbuilt) else self.dataset
+        for change in self._changes:
+            dataset = change(dataset)
+        return self.strategy.experimental_distribute_dataset(dataset, self.options)
+
+
+class _Unbuilt:
+    """An adapter's dataset, built when it is distributed (`_Pending`)."""
+
+    def __init__(self, build):
+        self.built = build
+
+
+_deferring = contextvars.ContextVar("kdist_epoch_iterator_deferring", default=False)
+
+
+def _built_when_distributed(original):
+    """An adapter's `get_tf_dataset` inside the fixes of `TFEpochIterator.__init__`: its dataset
+    is built only if no fix replaces it."""
+    @functools.wraps(original)
+    def get_tf_dataset(self):
+        if _deferring.get():
+            return _Unbuilt(functools.partial(original, self))
+        return original(self)
+
+    return get_tf_dataset
 
 
 # ----------------------------------------------------------------------------------------------
@@ -135,7 +178,7 @@ def _distributed_reads_end_at_once(iterator, strategy):
     pending = iterator._distributed_dataset
     if (isinstance(iterator.data_adapter, built_by_keras) and isinstance(pending, _Pending)
             and strategy is not None and strategy.num_replicas_in_sync > 1):
-        pending.dataset = inputs.without_autotune(pending.dataset)
+        pending.then(inputs.without_autotune)
 
 
 def _device_dataset_without_autotune(original):
@@ -148,7 +191,8 @@ def _device_dataset_without_autotune(original):
 
 # ----------------------------------------------------------------------------------------------
 # 4. fit's input under MultiWorkerMirrored (`kdist.keras_seam.inputs`): in-memory arrays shuffled
-#    by one seed on every worker (Keras <= 3.15 shuffles each worker's differently), a PyDataset's
+#    by one seed on every worker (Keras <= 3.15 shuffles each worker's differently; Keras's own
+#    dataset of them, replaced, is never built: 50-120 ms of the first epoch here), a PyDataset's
 #    batches loaded in one order on every worker, a dataset of fewer files than workers sharded
 #    by DATA where FILE sharding would fail, one iterator across epochs where an epoch's
 #    batches are counted, and (under Mirrored too) a generator's batches copied before
@@ -479,7 +523,8 @@ FIXES = [
               "optimization period, seconds into a fit) before it returns"),
     Patch("consistent_array_shuffle", FIX,
           {Target("TFEpochIterator", "__init__"):
-           _after_epoch_iterator_init(_consistent_array_shuffle)},
+           _after_epoch_iterator_init(_consistent_array_shuffle),
+           Target("ArrayDataAdapter", "get_tf_dataset"): _built_when_distributed},
           upstream="none filed; see kdist/keras_seam/inputs.py (Keras 3.16 shuffles with a "
                    "stateless seed per epoch, the same on every worker)",
           keras_versions=("3.5.0", "3.15.99"), fixed_in="3.16.0",

@@ -24,6 +24,7 @@ import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from kdist.keras_seam import patches as keras_seam  # noqa: E402
 from kdist.keras_seam import classes, hooks  # noqa: E402
+from kdist.keras_seam.registry import FIX, Patch, Target  # noqa: E402
 from kdist.keras_seam.versions import version  # noqa: E402
 
 TFEpochIterator = classes.resolve("TFEpochIterator")  # TensorFlowTrainer's module, whatever its name
@@ -82,6 +83,20 @@ def shard_of_one_epoch(epochs=1):
     return shards[0] if epochs == 1 else shards
 
 
+def built_array_datasets(make):
+    """How many in-memory datasets Keras builds (its `get_tf_dataset` run) in ``make()``."""
+    built = []
+    count = Patch("count_array_datasets", FIX, {Target("ArrayDataAdapter", "get_tf_dataset"): (
+        lambda original: lambda adapter: built.append(1) or original(adapter))},
+        why="the test's count", rank=-1)  # innermost: below kdist's fixes
+    count.install()
+    try:
+        make()
+    finally:
+        count.uninstall()
+    return len(built)
+
+
 # 1. Regression evidence: each upstream bug still breaks Keras without kdist's workaround.
 keras_seam.uninstall()
 report["unpatched_fit_error"] = error_of(lambda: make_model().fit(x, y, batch_size=GLOBAL_BATCH,
@@ -94,6 +109,10 @@ report["only_build_patched_fit_error"] = error_of(
 report["workarounds"] = keras_seam.install()
 report["patched_shard"] = shard_of_one_epoch()
 report["patched_shards"] = shard_of_one_epoch(epochs=3)
+report["array_datasets_built"] = {"patched": built_array_datasets(shard_of_one_epoch)}
+keras_seam.uninstall()
+report["array_datasets_built"]["unpatched"] = built_array_datasets(shard_of_one_epoch)
+keras_seam.install()
 
 # 2. fit on in-memory arrays (shuffled) with the multi-worker-safe callbacks.
 model = make_model()
