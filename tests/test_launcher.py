@@ -549,3 +549,103 @@ def test_two_machines_train_from_one_spec_with_fixed_addresses(netns, tmp_path):
     for key in weights[2].files:
         np.testing.assert_array_equal(weights[0][key], weights[1][key])
         np.testing.assert_allclose(weights[0][key], weights[2][key], rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ the backend seam
+class FakeTask:
+    """A task that runs nowhere: it ends with `code` at its `polls`-th poll (never if None)."""
+
+    def __init__(self, task_type, index, env, code, polls=2):
+        self.task_type, self.index, self.env = task_type, index, env
+        self.code, self.polls = code, polls
+        self.ended = self.stopped_by = self.log_path = None
+        self.lines = [f"{task_type}-{index} ran"]
+        self.stopped = False
+
+    @property
+    def name(self):
+        return f"{self.task_type}-{self.index}"
+
+    def poll(self):
+        self.polls -= 1
+        if self.stopped or (self.code is not None and self.polls <= 0):
+            self.ended = self.ended or time.monotonic()
+            return 143 if self.stopped and (self.code is None or self.polls > 0) else self.code
+        return None
+
+    def failure(self):
+        return None
+
+
+class FakeBackend:
+    """A task backend in one class: each attempt's tasks end as `script[attempt][task]` says
+    (an exit code, or None: runs until stopped), and it records what the launcher asked."""
+
+    def __init__(self, script, calls):
+        self.script, self.calls, self.tasks = script, calls, []
+
+    def start(self, tasks, on_error):
+        attempt = sum(1 for call in self.calls if call[0] == "start")
+        self.calls.append(("start", [(t, i, env["TF_CONFIG"], env["KDIST_RESTART_COUNT"],
+                                      env.get("KDIST_WORLD_SIZE_CHANGE")) for t, i, _, env in tasks]))
+        plan = self.script[min(attempt, len(self.script) - 1)]
+        self.tasks = [FakeTask(t, i, env, plan.get(f"{t}-{i}", 0)) for t, i, _, env in tasks]
+
+    def ask_for_stacks(self, tasks, because):
+        self.calls.append(("stacks", [t.name for t in tasks if t.poll() is None]))
+
+    def stop(self, tasks, because):
+        for task in tasks:
+            if task.poll() is None:
+                task.stopped, task.stopped_by = True, because
+        self.calls.append(("stop", because))
+
+    def notify(self, tasks, signum):
+        self.calls.append(("notify", [t.name for t in tasks], signum))
+
+    def close(self):
+        self.stop(self.tasks, "the launcher ended")
+
+
+def fake_launch(script, roles, **options):
+    import io
+
+    from kdist.cluster import ClusterSpec
+    from kdist.launch import Launcher
+
+    calls, output = [], io.StringIO()
+    launcher = Launcher(ClusterSpec.local_layout(roles), [sys.executable], output=output,
+                        network="host", backend=lambda: FakeBackend(script, calls), **options)
+    code = launcher.run()
+    return code, calls, output.getvalue(), launcher
+
+
+def test_a_new_task_backend_is_one_class_and_the_launchers_policy_drives_it():
+    """The launcher's restart and lost-worker policy run on a backend that starts no process:
+    worker-1 fails twice in a row, the group restarts, then goes on without it."""
+    fails = {"worker-1": 3, "worker-0": None}  # worker-0 runs until it is stopped
+    code, calls, out, launcher = fake_launch([fails, fails, {"worker-0": 0}], {"worker": 2},
+                                             max_restarts=2, min_workers=1, grace=0)
+    assert code == 0, out
+    starts = [call[1] for call in calls if call[0] == "start"]
+    assert [[(t, i, count, change) for t, i, _, count, change in s] for s in starts] == [
+        [("worker", 0, "0", None), ("worker", 1, "0", None)],
+        [("worker", 0, "1", None), ("worker", 1, "1", None)],
+        [("worker", 0, "2", "2->1")]]
+    assert [len(json.loads(s[0][2])["cluster"]["worker"]) for s in starts] == [2, 2, 1]
+    assert "restarting without it on 1 worker(s)" in out
+    assert launcher.summary.restarts == 2 and launcher.summary.exit_code == 0
+    assert [e.task for e in launcher.summary.tasks] == ["worker-0"]
+    assert launcher.summary.earlier == ["worker-1: exit code 3"] * 2
+
+
+def test_a_backend_is_asked_for_stacks_on_a_timeout_then_stopped_and_told_the_chief_is_done():
+    code, calls, out, _ = fake_launch([{"worker-0": None}], {"worker": 2}, timeout=0.3)
+    assert code == 124, out
+    kinds = [call[0] for call in calls]
+    assert kinds.index("stacks") < kinds.index("stop")
+    assert calls[kinds.index("stacks")][1] == ["worker-0"]
+    code, calls, out, _ = fake_launch([{"ps-0": None, "worker-0": None}],
+                                      {"chief": 1, "worker": 1, "ps": 1}, grace=0)
+    assert code == 0, out
+    assert ("notify", ["worker-0", "ps-0"], signal.SIGUSR2) in calls

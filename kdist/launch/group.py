@@ -1,6 +1,7 @@
 """The processes of one attempt of a local job: start them, relay their output, stop them.
 
-`TaskGroup` knows nothing of flags or of the restart policy (`kdist.launch.launcher` decides
+`TaskGroup` is the launcher's backend for local processes (`kdist.launch.backend.TaskBackend`):
+it knows nothing of flags or of the restart policy (`kdist.launch.launcher` decides
 those). For each task it keeps what a summary needs: when it started and ended, who stopped it
 and why, its last lines, and the failure record the task wrote itself (`kdist.failure`).
 
@@ -152,6 +153,13 @@ class TaskGroup:
             task.process.wait()
             task.poll()
 
+    def notify(self, tasks: list[TaskRun], signum: int) -> None:
+        """Sends `signum` to each running task whose process handles it."""
+        for task in tasks:
+            if task.poll() is None and _catches(task.process.pid, signum):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(task.process.pid, signum)
+
     def close(self) -> None:
         """Stops every task, waits for their output, removes the records' folder."""
         import shutil
@@ -241,3 +249,13 @@ def _signal_group(process: subprocess.Popen, sig: int) -> None:
         os.killpg(process.pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has a handler for `signum` (Linux: its SigCgt mask)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
+    except (OSError, StopIteration):
+        return False
+    return bool(int(caught, 16) >> (signum - 1) & 1)

@@ -39,11 +39,13 @@ warns and goes on (``network="private"`` makes that an error).
 Before any task starts, the program is looked up: a missing one fails with 127 and one that is not
 executable with 126 (the shell's codes), and no process is left behind.
 
-The launcher is the policy (this state machine, the restarts); starting, relaying and stopping the
-processes is `kdist.launch.group.TaskGroup`'s. Whatever the outcome, the output ends with a
-summary (`kdist.launch.summary`): the first task that failed, how (its exception, a signal, an
-exit code), when and its last lines, and what became of every other task; ``summary`` saves it
-as JSON, ``log_dir`` keeps each task's whole output in ``LOG_DIR/<task>.log``.
+The launcher is the policy (this state machine, the restarts); starting, watching and stopping
+the tasks is its backend's (`kdist.launch.backend.TaskBackend`): local processes by default
+(`kdist.launch.group.TaskGroup`), or any class with the same methods (``backend=``). Whatever
+the outcome, the output ends with a summary (`kdist.launch.summary`): the first task that
+failed, how (its exception, a signal, an exit code), when and its last lines, and what became of
+every other task; ``summary`` saves it as JSON, ``log_dir`` keeps each task's whole output in
+``LOG_DIR/<task>.log``.
 
 Extend it without subclassing: `task_command(task_type, index) -> (argv, env)` gives each task its
 own command line and environment (`kdist k8s simulate` runs each pod in its own network namespace
@@ -85,7 +87,8 @@ from kdist.cluster import addresses
 from kdist.cluster.spec import ClusterSpec
 from kdist.launch import hosts, private_network
 from kdist.launch import summary as summaries
-from kdist.launch.group import TaskGroup, TaskRun
+from kdist.launch.backend import Task, TaskBackend
+from kdist.launch.group import TaskGroup
 from kdist.validators import UsageError
 
 CHIEF_DONE_SIGNAL = signal.SIGUSR2  # kdist.ps.serve.CHIEF_DONE_SIGNAL (no TensorFlow import here)
@@ -163,6 +166,10 @@ class Launcher:
             restarts) and the summary (`LOG_DIR/summary.json`).
         summary: a file for the summary as JSON (default: `LOG_DIR/summary.json` with `log_dir`).
         tf_logs: keep TensorFlow's C++ start-up logging in the output (always in the log files).
+        network: "private" (a network namespace, or an error), "host", or None (private where
+            one can be made).
+        backend: makes the `TaskBackend` that runs one attempt's tasks (called once per
+            attempt); default: local processes (`kdist.launch.group.TaskGroup`).
     """
 
     def __init__(self, spec: ClusterSpec, command: Sequence[str] | None,
@@ -173,7 +180,8 @@ class Launcher:
                  placement: Callable[[ClusterSpec], list[tuple[str, int]]] | None = None,
                  host: str | None = None,
                  log_dir: str | None = None, summary: str | None = None, tf_logs: bool = False,
-                 network: str | None = None):
+                 network: str | None = None,
+                 backend: Callable[[], TaskBackend] | None = None):
         validators.non_negative_int(max_restarts, "--max-restarts")
         private_network.check_mode(network)
         if timeout is not None:
@@ -217,10 +225,12 @@ class Launcher:
         self.state = State.RUNNING
         self.outcome: Outcome | None = None
         self.summary: summaries.Summary | None = None
-        self.group: TaskGroup | None = None
+        self.group: TaskBackend | None = None
+        self.backend = backend or (lambda: TaskGroup(self.output, self._lock, self.log_dir,
+                                                     self.tf_logs, self.stop_timeout))
         self._lock = threading.Lock()
         self._signal: int | None = None
-        self._reported: set[TaskRun] = set()
+        self._reported: set[Task] = set()
         self._chief_deadline: float | None = None
         self._earlier: list[str] = []  # the failure that restarted each earlier attempt
         self._launched = time.monotonic()
@@ -299,7 +309,7 @@ class Launcher:
         return None if now == self.initial_workers else f"{self.initial_workers}->{now}"
 
     @property
-    def tasks(self) -> list[TaskRun]:
+    def tasks(self) -> list[Task]:
         """The processes of the attempt running now."""
         return self.group.tasks if self.group is not None else []
 
@@ -350,15 +360,9 @@ class Launcher:
         serve it, are told to leave now where they listen for it (`kdist.serve()` catches
         `CHIEF_DONE_SIGNAL`), not after its grace without the chief; other programs get the
         grace as before."""
-        if not self.spec.has_ps:
-            return
-        for task in self.tasks:
-            if task.task_type in ("ps", "worker") and task.poll() is None and \
-                    _catches(task.process.pid, CHIEF_DONE_SIGNAL):
-                try:
-                    os.kill(task.process.pid, CHIEF_DONE_SIGNAL)
-                except ProcessLookupError:
-                    pass
+        if self.spec.has_ps:
+            self.group.notify([t for t in self.tasks if t.task_type in ("ps", "worker")],
+                              CHIEF_DONE_SIGNAL)
 
     def _report_late_failures(self) -> None:
         """A task failing after the leader succeeded does not fail the job, but is logged."""
@@ -374,7 +378,7 @@ class Launcher:
                 self._reported.add(task)
                 self.log(f"{task.name} exited with code {code} {reason}".replace(" ;", ";"))
 
-    def _chief_reports(self, failed: TaskRun, leader: TaskRun) -> bool:
+    def _chief_reports(self, failed: Task, leader: Task) -> bool:
         """A lost ps is the chief's to report (tasks are polled chief first, so once the chief
         fails its code wins): True while the chief runs, for at most `grace` seconds."""
         if failed.task_type != "ps" or leader is None or leader.poll() is not None:
@@ -385,13 +389,13 @@ class Launcher:
                      f"{self.grace:g}s for the chief to report it")
         return time.monotonic() < self._chief_deadline
 
-    def _leader(self) -> TaskRun | None:
+    def _leader(self) -> Task | None:
         """The task whose success is the job's: the cluster's leader, or where it runs on another
         machine, this machine's first chief/worker; None when only ps/evaluators run here."""
         candidates = [self.spec.leader] + [t for t in self.here if t[0] in ("chief", "worker")]
         return next((self._task(*t) for t in candidates if t in self.here), None)
 
-    def _tolerated(self, task: TaskRun) -> bool:
+    def _tolerated(self, task: Task) -> bool:
         """Workers of a parameter-server cluster may die: the coordinator replaces them."""
         return self.spec.has_ps and task.task_type == "worker"
 
@@ -417,8 +421,7 @@ class Launcher:
                 [self.spec.address(*task) for task in self.spec.tasks()], str(err)))
 
     def _start_all(self) -> None:
-        self.group = TaskGroup(self.output, self._lock, self.log_dir, self.tf_logs,
-                               self.stop_timeout)
+        self.group = self.backend()
         tasks = []
         for task_type, index in self.here:
             argv, env = self.task_command(task_type, index)
@@ -477,7 +480,7 @@ class Launcher:
                                  time.monotonic() - self._launched, self.restarts, first, ends,
                                  list(self._earlier), oom_kills, hint)
 
-    def _task(self, task_type: str, index) -> TaskRun:
+    def _task(self, task_type: str, index) -> Task:
         return next(t for t in self.tasks if (t.task_type, t.index) == (task_type, int(index)))
 
     def _write(self, text: str) -> None:
@@ -521,12 +524,3 @@ def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_c
         raise UsageError("min_workers", "a custom task_command renders its own tasks, so the "
                          "launcher cannot drop one", "use the default task command")
 
-
-def _catches(pid: int, signum: int) -> bool:
-    """Whether process `pid` has a handler for `signum` (Linux: its SigCgt mask)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            caught = next(line for line in f if line.startswith("SigCgt:")).split()[1]
-    except (OSError, StopIteration):
-        return False
-    return bool(int(caught, 16) >> (signum - 1) & 1)
