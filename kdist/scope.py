@@ -25,12 +25,6 @@ from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")
 
-# Process state (kdist.global_state): the strategies built, by (name, options, cluster), reused when
-# entered again; the (name, options, cluster) of the current one (`kdist.strategies.registry`);
-# whether MultiWorkerMirrored was built ahead of the first op (below) and whether a strategy is
-# being built right now.
-BUILT, CURRENT_KEY, EAGER, BUILDING = ("scope.built", "scope.current_key", "scope.eager",
-                                       "scope.building")
 
 
 def strategy(strategy: str = "auto", **options):
@@ -56,9 +50,10 @@ def build_multi_worker_before_first_op() -> None:
     `kdist.strategy(...)` / `kdist.scope(...)` before any op builds it itself, options included.
     """
     def build():
-        if global_state.get(CURRENT_KEY) is None and not global_state.get(BUILDING):
+        state = global_state.process()
+        if state.current_key is None and not state.building:
             _build_or_reuse("auto", {})
-            global_state.set(EAGER, True)
+            state.built_ahead = True
 
     # Already initialised: nothing to do, kdist.scope() will explain the ordering rule.
     tf_internals.run_before_first_op(build)
@@ -68,7 +63,8 @@ def _build_or_reuse(requested: str, options: dict):
     name = _requested_name(requested)
     opts = strategies.StrategyOptions.from_kwargs(options)
     spec = cluster()
-    current_key = global_state.get(CURRENT_KEY)
+    state = global_state.process()
+    current_key = state.current_key
     if name == "auto" and not options and current_key is not None and current_key[2] == spec:
         return strategies.registry.current()  # a bare scope() after kdist.strategy(...)
     if spec.has_ps and spec.task_type in ("ps", "worker"):
@@ -76,20 +72,19 @@ def _build_or_reuse(requested: str, options: dict):
     if name == "auto":
         name = strategies.choose(spec, opts, num_gpus=_num_gpus(), num_cpus=_num_logical_cpus())
     key = (name, opts, spec)
-    built = global_state.get(BUILT) or {}
+    built = state.built
     if key not in built:
-        if global_state.get(EAGER) and name == "multi_worker":
+        if state.built_ahead and name == "multi_worker":
             raise RuntimeError(_rebuild_refused(options, spec))
-        global_state.set(BUILDING, True)  # TF's first op may run in here: no second strategy
+        state.building = True  # TF's first op may run in here: no second strategy
         try:
             patches.install()
             built[key] = strategies.build(name, spec, opts)
             seed = inputs.seed_unseeded_shuffles(spec) if name == "multi_worker" else None
         finally:
-            global_state.set(BUILDING, False)
-        global_state.set(BUILT, built)
+            state.building = False
         _log_choice(name, built[key], spec, opts, seed)
-    global_state.set(CURRENT_KEY, key)
+    state.current_key = key
     strategies.registry.make_current(built[key])
     return built[key]
 

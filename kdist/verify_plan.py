@@ -19,7 +19,6 @@ from kdist import envvars, global_state
 from kdist.validators import UsageError
 
 FILE, REPORT = "plan.json", "report.json"  # the plan; what the one-device run found
-DONE = "verify.done"  # global_state: this process's first fit was recorded or replayed
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,7 +39,7 @@ class Plan:
     def of_environment() -> "Plan | None":
         """This process's plan, or None: not run by `kdist verify`, or its first fit is done."""
         folder = os.environ.get(envvars.VERIFY)
-        if not folder or global_state.get(DONE):
+        if not folder or global_state.process().verified:
             return None
         try:
             with open(os.path.join(folder, FILE)) as f:
@@ -53,7 +52,7 @@ class Plan:
 
 def mark_done() -> None:
     """This process's first fit is recorded or replayed: later ones train as usual."""
-    global_state.set(DONE, True)
+    global_state.process().verified = True
 
 
 def replayed_replicas() -> int | None:

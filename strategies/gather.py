@@ -38,7 +38,7 @@ def per_worker(strategy, values):
 def _gather(strategy):
     """The strategy's all-gather of int64 vectors (traced once, for every length)."""
     kept = global_state.of_strategy(strategy)
-    if "gather" not in kept:
+    if kept.gather is None:
         import tensorflow as tf
 
         @tf.function(autograph=False, input_signature=[tf.TensorSpec([None], tf.int64)])
@@ -48,5 +48,5 @@ def _gather(strategy):
 
             return strategy.run(replica, args=(values,))
 
-        kept["gather"] = gather
-    return kept["gather"]
+        kept.gather = gather
+    return kept.gather

@@ -15,24 +15,25 @@ from kdist.cluster.spec import ClusterSpec
 from kdist.keras_seam import strategy_kinds
 from kdist.strategies.options import StrategyOptions
 
-CURRENT = "strategies.current"  # kdist.global_state's name of the strategy last entered
 
 
 def remember(strategy, spec: ClusterSpec, options: StrategyOptions) -> None:
     """Records that kdist built `strategy` for `spec` with `options`."""
-    global_state.of_strategy(strategy).update(spec=spec, options=options)
+    kept = global_state.of_strategy(strategy)
+    kept.spec, kept.options = spec, options
 
 
 def options_of(strategy) -> StrategyOptions:
     """The options kdist built `strategy` with; the defaults for a strategy built by hand."""
     if strategy is None:
         return StrategyOptions()
-    return global_state.of_strategy(strategy).get("options", StrategyOptions())
+    options = global_state.of_strategy(strategy).options
+    return options if options is not None else StrategyOptions()
 
 
 def built_by_kdist(strategy) -> bool:
     """Whether kdist built `strategy` (`remember`ed it); TF's default strategy is not recorded."""
-    return strategy is not None and "options" in global_state.of_strategy(strategy)
+    return strategy is not None and global_state.of_strategy(strategy).options is not None
 
 
 def cluster_of(strategy) -> ClusterSpec | None:
@@ -40,13 +41,13 @@ def cluster_of(strategy) -> ClusterSpec | None:
     parameter-server strategy built by hand, the cluster its own resolver describes; else None."""
     if strategy is None:
         return None
-    spec = global_state.of_strategy(strategy).get("spec")
+    spec = global_state.of_strategy(strategy).spec
     return spec if spec is not None else strategy_kinds.cluster_from_resolver(strategy)
 
 
 def make_current(strategy) -> None:
     """`strategy` is the one `kdist.scope()` entered last (`current`)."""
-    global_state.set(CURRENT, strategy)
+    global_state.process().current = strategy
 
 
 def current():
@@ -54,10 +55,10 @@ def current():
     current strategy."""
     import tensorflow as tf
 
-    strategy = global_state.get(CURRENT)
+    strategy = global_state.process().current
     return strategy if strategy is not None else tf.distribute.get_strategy()
 
 
 def current_built():
     """The strategy `kdist.scope()`/`kdist.strategy()` entered last; None before any."""
-    return global_state.get(CURRENT)
+    return global_state.process().current

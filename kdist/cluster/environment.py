@@ -30,7 +30,7 @@ def cluster() -> ClusterSpec:
     malformed.
     """
     key = _environment_key()
-    cache = global_state.setdefault("cluster.environment", dict)  # {key: ClusterSpec}
+    cache = global_state.process().environment  # {key: ClusterSpec}
     if key not in cache:
         cache.clear()  # one environment at a time: keep only the newest
         cache[key] = _read()

@@ -190,7 +190,7 @@ def _addresses(task_nodes: list[str], base_port: int) -> list[str]:
 
 def _node_address(node: str) -> str:
     """A node's NodeAddr from scontrol (several nodes may share a host), else its name."""
-    addresses = global_state.setdefault("cluster.slurm_node_addresses", dict)
+    addresses = global_state.process().slurm_node_addresses
     if node not in addresses:
         address = node
         if shutil.which("scontrol"):

@@ -291,7 +291,7 @@ def _warn_about_unknown_keys(config: Mapping[str, Any], source: str) -> None:
     """Top-level keys TF ignores are ignored here too (never stricter than TF), with one warning
     per key and process; the keys platforms document (`PLATFORM_KEYS`) are accepted silently."""
     for key in sorted(set(config) - set(_TOP_LEVEL_KEYS) - set(PLATFORM_KEYS), key=str):
-        warned = global_state.setdefault("cluster.unknown_keys_warned", set)  # once per process
+        warned = global_state.process().unknown_keys_warned  # once per process
         if key not in warned:
             warned.add(key)
             logger.warning("kdist: %s.%s: unknown key, ignored (TensorFlow ignores it too; kdist "

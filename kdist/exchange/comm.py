@@ -209,12 +209,12 @@ def tcp_ring(strategy):
         return None
     options = options_of(strategy)
     kept = global_state.of_strategy(strategy)
-    if "ring" not in kept:
+    if kept.ring is None:
         spec = cluster_of(strategy)
         tasks = [(t, i) for t, i in spec.tasks() if t in ("chief", "worker")]
         timeout = options.collective_timeout or options.dead_peer_timeout
         addresses = [spec.address(t, i) for t, i in tasks]
-        kept["ring"] = _LazyRing(tasks.index((spec.task_type, spec.task_index)), addresses,
+        kept.ring = _LazyRing(tasks.index((spec.task_type, spec.task_index)), addresses,
                                  timeout, [f"{t}:{i} ({address})"
                                            for (t, i), address in zip(tasks, addresses)])
-    return kept["ring"]
+    return kept.ring

@@ -35,7 +35,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import hmac
-import itertools
 import logging
 import queue
 import secrets
@@ -169,7 +168,7 @@ class Ring:
         if size == 1:
             return cls(rank, size, None, None, names)
         if generation is None:  # every worker builds its rings in the same order: the same keys
-            generation = next(global_state.setdefault("exchange.rings", itertools.count))
+            generation = next(global_state.process().rings)
         host = host_of(addresses[rank])
         listener = _listen(host, port)
         publish(f"kdist/ring/{generation}/{rank}", f"{host}:{listener.getsockname()[1]}")

@@ -21,7 +21,6 @@ In one process (Mirrored, the parameter-server chief, no strategy) the flag alon
 
 from __future__ import annotations
 
-import itertools
 import signal
 import threading
 import time
@@ -42,7 +41,7 @@ class PreemptionNotice:
         self._steps = 0
         self._shared = spec.num_workers > 1 and not spec.has_ps  # else one process runs fit
         # A fresh key for every fit: every worker runs the same fits in the same order.
-        fit = next(global_state.setdefault("preemption.fits", itertools.count))
+        fit = next(global_state.process().preemption_fits)
         self._key = f"kdist/preemption/fit-{fit}"
         self._closed = threading.Event()
         self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)

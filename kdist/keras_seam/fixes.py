@@ -42,7 +42,6 @@ def _symbolic_build_without_collective(original):
     return _maybe_symbolic_build
 
 
-SEVERAL_STEPS = "keras_seam.tracing_several_steps"  # fix 6's function is tracing its steps
 
 
 # ----------------------------------------------------------------------------------------------
@@ -64,7 +63,7 @@ def _scalar_reduce(original):
         reduced = [strategy.reduce("MEAN", v, axis=None if v.shape.rank == 0 else 0)
                    if k not in logs else None for k, v in enumerate(flat)]
         means = connected().mean_of_logs(strategy, [flat[k] for k in logs],
-                                         one_step_per_call=not global_state.get(SEVERAL_STEPS))
+                                         one_step_per_call=not global_state.process().tracing_several_steps)
         for k, mean in zip(logs, means):
             reduced[k] = mean
         return keras.tree.pack_sequence_as(values, reduced)
@@ -305,11 +304,11 @@ def _multi_step_function(trainer, step_function):
 
     @tf.autograph.experimental.do_not_convert
     def steps(iterator):
-        global_state.set(SEVERAL_STEPS, True)  # read by reduce_per_replica (fix 2) as it traces
+        global_state.process().tracing_several_steps = True  # read by reduce_per_replica (fix 2)
         try:
             return several(iterator)
         finally:
-            global_state.set(SEVERAL_STEPS, False)
+            global_state.process().tracing_several_steps = False
 
     def several(iterator):
         k = trainer.steps_per_execution

@@ -172,7 +172,7 @@ def device_group_all_reduce(tensors: list, device: str, strategy) -> list:
     from tensorflow.python.distribute import cross_device_utils
 
     extended = strategy.extended
-    launchers = global_state.of_strategy(strategy).setdefault("launchers", {})  # device -> it
+    launchers = global_state.of_strategy(strategy).launchers  # device -> its launcher
     if device not in launchers:
         collective_keys = extended._collective_keys
         launchers[device] = cross_device_utils.CollectiveReplicaLauncher(
@@ -183,7 +183,7 @@ def device_group_all_reduce(tensors: list, device: str, strategy) -> list:
 
 def device_groups_used(strategy) -> list[str]:
     """The devices whose own collective group has summed tensors under `strategy` so far."""
-    return sorted(global_state.of_strategy(strategy).get("launchers", {}))
+    return sorted(global_state.of_strategy(strategy).launchers)
 
 
 def is_sharded_variable(value) -> bool:

@@ -24,9 +24,9 @@ def coordinator(strategy):
     import tensorflow as tf
 
     kept = global_state.of_strategy(strategy)
-    if "coordinator" not in kept:
-        kept["coordinator"] = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
-    return kept["coordinator"]
+    if kept.coordinator is None:
+        kept.coordinator = tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
+    return kept.coordinator
 
 
 def cached_function(model, name, make):

@@ -53,16 +53,19 @@ def stamps():
             return tf.Variable(tf.fill([len(MARKS)], tf.constant(-1.0, tf.float64)),
                                trainable=False, name="kdist_step_clock")
 
-    return global_state.setdefault("steps.stamps", create)
+    state = global_state.process()
+    if state.step_stamps is None:
+        state.step_stamps = create()
+    return state.step_stamps
 
 
 def watching(running: bool) -> None:
     """A watched fit starts (True) or ends (False): steps traced meanwhile get the readings."""
-    global_state.set("steps.watched", running)
+    global_state.process().steps_watched = running
 
 
 def tracing_watched() -> bool:
-    return bool(global_state.get("steps.watched"))
+    return global_state.process().steps_watched
 
 
 def reading(after, name: str | None = None, whole: bool = False):

@@ -24,7 +24,6 @@ from kdist.keras_seam import keras_internals, tf_internals
 from kdist.strategies import is_multi_worker
 
 logger = logging.getLogger("kdist")
-COUNT_KEY = "training.agreed_fits"  # this process's fits compared so far
 
 
 def facts(model, arguments: dict, options) -> dict:
@@ -112,8 +111,8 @@ def _shape(variable) -> str:
 def check(model, spec, tasks: list[str], arguments: dict, options, timeout: float) -> None:
     """Compares this worker's `facts` with every other worker's; raises ValueError naming the
     first difference and the worker. Waits for each up to `timeout` seconds."""
-    count = global_state.get(COUNT_KEY) or 0
-    global_state.set(COUNT_KEY, count + 1)
+    count = global_state.process().agreed_fits
+    global_state.process().agreed_fits = count + 1
     key = f"kdist/agreement/fit-{count}/"
     mine = facts(model, arguments, options)
     tf_internals.set_job_key(key + spec.task, json.dumps(mine))
@@ -152,7 +151,7 @@ def refuse_model_outside(model, model_strategy, current) -> None:
         raise ValueError(f"kdist: this model was created outside kdist.scope() and compiled "
                          f"inside it: its variables are this worker's alone, its optimizer the "
                          f"{workers} workers'. Fix: {fix}")
-    state = global_state.setdefault("training.local_models_said", set)
+    state = global_state.process().local_models_said
     if id(model) not in state:
         state.add(id(model))
         logger.warning("kdist: this model was created outside kdist.scope(): fit trains it on "
