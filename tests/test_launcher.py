@@ -649,3 +649,24 @@ def test_a_backend_is_asked_for_stacks_on_a_timeout_then_stopped_and_told_the_ch
                                       {"chief": 1, "worker": 1, "ps": 1}, grace=0)
     assert code == 0, out
     assert ("notify", ["worker-0", "ps-0"], signal.SIGUSR2) in calls
+
+
+def test_the_launch_config_names_its_fields_and_the_command_line_its_flags():
+    from kdist.cluster import ClusterSpec
+    from kdist.launch import Launcher, LaunchConfig
+    from kdist.validators import UsageError
+
+    spec = ClusterSpec.local_layout({"worker": 2})
+    with pytest.raises(UsageError, match=r"^min_workers: .*max_restarts is 0\. Fix: add "
+                                         r"max_restarts N"):
+        Launcher(spec, [sys.executable], min_workers=1)
+    with pytest.raises(UsageError, match=r"^min_workers: 3 is more than the 2"):
+        Launcher(spec, [sys.executable], LaunchConfig(max_restarts=1, min_workers=3))
+    with pytest.raises(TypeError, match="no setting restarts; LaunchConfig's fields are timeout"):
+        Launcher(spec, [sys.executable], restarts=1)
+    with pytest.raises(TypeError, match=r"give config or its fields \(timeout\), not both"):
+        Launcher(spec, [sys.executable], LaunchConfig(), timeout=5)
+    result = run_kdist(["launch", "--min-workers", "1", "--", "true"], timeout=30)
+    assert result.returncode == 2, result.stderr
+    assert ("--min-workers: a smaller restart is a restart, and --max-restarts is 0. Fix: add "
+            "--max-restarts N") in result.stderr

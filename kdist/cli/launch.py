@@ -8,6 +8,7 @@ import sys
 
 from kdist.cli import parsing
 from kdist.cluster.spec import MAX_LOCAL_TASKS, ClusterSpec, ClusterSpecError
+from kdist.validators import UsageError
 
 # Imported inside functions: the launcher, which `kdist --help` must not load.
 
@@ -68,19 +69,26 @@ def add(commands) -> None:
 
 
 def run(args) -> int:
-    from kdist.launch import Launcher
+    """parse -> config -> launch: the flags become a `LaunchConfig`; its errors, and the
+    launcher's, are said in the flags' names."""
+    from kdist.launch import Launcher, LaunchConfig, ProgramError, in_flags
 
     parsing.output_file(args.summary, "--summary")
     if args.log_dir is not None and os.path.exists(args.log_dir) and \
             not os.path.isdir(args.log_dir):
         raise ClusterSpecError("--log-dir", f"{args.log_dir!r} is not a directory",
                                "give a directory (created if missing)")
-    launcher = Launcher(cluster(args), parsing.after_dashes(args.command), timeout=args.timeout,
-                        grace=args.grace, max_restarts=args.max_restarts,
-                        min_workers=args.min_workers, log_dir=args.log_dir,
-                        summary=args.summary, tf_logs=args.tf_logs, network=args.network,
-                        host=args.host)
-    return launcher.run()
+    spec, command = cluster(args), parsing.after_dashes(args.command)
+    try:
+        config = LaunchConfig(timeout=args.timeout, grace=args.grace,
+                              max_restarts=args.max_restarts, min_workers=args.min_workers,
+                              network=args.network, host=args.host, log_dir=args.log_dir,
+                              summary=args.summary, tf_logs=args.tf_logs)
+        return Launcher(spec, command, config).run()
+    except ProgramError:
+        raise  # the program after --, with its own exit code
+    except UsageError as err:
+        raise in_flags(err) from None
 
 
 def cluster(args) -> ClusterSpec:

@@ -7,6 +7,9 @@ No TensorFlow import here: the launcher only starts processes.
 'succeeded'
 """
 
+from kdist.launch.backend import Task, TaskBackend
+from kdist.launch.config import LaunchConfig, in_flags
 from kdist.launch.launcher import Launcher, Outcome, ProgramError, State, check_program
 
-__all__ = ["Launcher", "Outcome", "ProgramError", "State", "check_program"]
+__all__ = ["LaunchConfig", "Launcher", "Outcome", "ProgramError", "State", "Task", "TaskBackend",
+           "check_program", "in_flags"]

@@ -82,12 +82,13 @@ import threading
 import time
 from typing import IO, Callable, Sequence
 
-from kdist import envvars, exit_codes, safe_files, validators
+from kdist import envvars, exit_codes, safe_files
 from kdist.cluster import addresses
 from kdist.cluster.spec import ClusterSpec
 from kdist.launch import hosts, private_network
 from kdist.launch import summary as summaries
 from kdist.launch.backend import Task, TaskBackend
+from kdist.launch.config import LaunchConfig
 from kdist.launch.group import TaskGroup
 from kdist.validators import UsageError
 
@@ -148,54 +149,34 @@ class Launcher:
     Args:
         spec: the cluster (without a task).
         command: argv run for every task (with `task_command`, may be None).
-        timeout: seconds before the whole job is stopped with exit code 124 (None: no limit).
-        grace: seconds the other workers get to finish after the leader succeeded.
-        stop_timeout: seconds between SIGTERM and SIGKILL when stopping a task.
+        config: how the launch runs (`kdist.launch.config.LaunchConfig`); or give its fields
+            as keywords (``Launcher(spec, command, timeout=60)``), not both.
         output: where prefixed lines go (default: stdout).
         env: the tasks' base environment (default: this process's).
-        max_restarts: how many times a failed group is restarted before the job fails.
-        min_workers: restart without a chief/worker that failed twice in a row, down to this many
-            workers (None: always restart the whole group). Needs `max_restarts`.
         task_command: `(task_type, index) -> (argv, env)` for each task; default: `command` with
             the task's TF_CONFIG added to `env`.
         placement: `(spec) -> [(task_type, index), ...]`, the tasks to start here, raising
             `UsageError` for a spec this launcher cannot run; default: the tasks on this
-            machine's addresses (`kdist.launch.hosts.tasks_here`), or on `host`.
-        host: this machine's host in a multi-host spec (default: found from its addresses).
-        log_dir: a folder for each task's whole output (`LOG_DIR/<task>.log`, appended across
-            restarts) and the summary (`LOG_DIR/summary.json`).
-        summary: a file for the summary as JSON (default: `LOG_DIR/summary.json` with `log_dir`).
-        tf_logs: keep TensorFlow's C++ start-up logging in the output (always in the log files).
-        network: "private" (a network namespace, or an error), "host", or None (private where
-            one can be made).
+            machine's addresses (`kdist.launch.hosts.tasks_here`), or on the config's `host`.
         backend: makes the `TaskBackend` that runs one attempt's tasks (called once per
             attempt); default: local processes (`kdist.launch.group.TaskGroup`).
     """
 
     def __init__(self, spec: ClusterSpec, command: Sequence[str] | None,
-                 timeout: float | None = None, grace: float = 30.0, stop_timeout: float = 5.0,
-                 output: IO[str] | None = None, env: dict[str, str] | None = None,
-                 max_restarts: int = 0, min_workers: int | None = None,
+                 config: LaunchConfig | None = None, *, output: IO[str] | None = None,
+                 env: dict[str, str] | None = None,
                  task_command: Callable[[str, int], tuple[list[str], dict]] | None = None,
                  placement: Callable[[ClusterSpec], list[tuple[str, int]]] | None = None,
-                 host: str | None = None,
-                 log_dir: str | None = None, summary: str | None = None, tf_logs: bool = False,
-                 network: str | None = None,
-                 backend: Callable[[], TaskBackend] | None = None):
-        validators.non_negative_int(max_restarts, "--max-restarts")
-        private_network.check_mode(network)
-        if timeout is not None:
-            validators.positive_number(timeout, "--timeout")
-        validators.non_negative_number(grace, "--grace")
-        validators.positive_number(stop_timeout, "stop_timeout")
-        self.placement = placement or (lambda cluster: hosts.tasks_here(cluster, host))
+                 backend: Callable[[], TaskBackend] | None = None, **settings):
+        self.config = config = _config(config, settings)
+        self.placement = placement or (lambda cluster: hosts.tasks_here(cluster, config.host))
         self.here = self.placement(spec)
         self.multi_host = len(self.here) < len(spec.tasks())
-        _check_network(spec, network, placement is None)
-        if self.multi_host and (max_restarts or min_workers is not None):
-            raise UsageError("--max-restarts", "this machine runs only part of a multi-host "
+        _check_network(spec, config.network, placement is None)
+        if self.multi_host and (config.max_restarts or config.min_workers is not None):
+            raise UsageError("max_restarts", "this machine runs only part of a multi-host "
                              "cluster, and a restart needs every machine's tasks",
-                             "drop --max-restarts/--min-workers here; restart a multi-host job "
+                             "drop max_restarts and min_workers here; restart a multi-host job "
                              "with its scheduler (Kubernetes, Slurm)")
         if spec.leader is None:
             raise UsageError("cluster", "no chief and no worker to run the job",
@@ -205,10 +186,8 @@ class Launcher:
         self.task_command = task_command or self.default_task_command
         if task_command is None:
             check_program(self.command or [])
-        self.timeout, self.grace, self.stop_timeout = timeout, grace, stop_timeout
-        self.max_restarts, self.restarts = max_restarts, 0
-        self.min_workers = min_workers
-        _check_min_workers(min_workers, spec, max_restarts, task_command)
+        self.restarts = 0
+        _check_min_workers(config.min_workers, spec, task_command)
         self.initial_workers = spec.num_workers
         self._failed_before: str | None = None  # the task that failed the previous attempt
         self.output = output or sys.stdout
@@ -218,16 +197,13 @@ class Launcher:
         # user's KDIST_JOB_SECRET, else the first worker's, shared through TF's coordination service
         if addresses.all_loopback(spec):
             self.env.setdefault(envvars.JOB_SECRET, secrets.token_hex(16))
-        self.log_dir, self.tf_logs = log_dir, tf_logs
-        self.network_mode = network
         self.network: private_network.PrivateNetwork | None = None
-        self.summary_path = summary or (os.path.join(log_dir, "summary.json") if log_dir else None)
         self.state = State.RUNNING
         self.outcome: Outcome | None = None
         self.summary: summaries.Summary | None = None
         self.group: TaskBackend | None = None
-        self.backend = backend or (lambda: TaskGroup(self.output, self._lock, self.log_dir,
-                                                     self.tf_logs, self.stop_timeout))
+        self.backend = backend or (lambda: TaskGroup(self.output, self._lock, config.log_dir,
+                                                     config.tf_logs, config.stop_timeout))
         self._lock = threading.Lock()
         self._signal: int | None = None
         self._reported: set[Task] = set()
@@ -242,16 +218,16 @@ class Launcher:
         previous = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self._launched, launched_at = time.monotonic(), time.time()
         oom_before = summaries.oom_kills()
-        deadline = None if self.timeout is None else self._launched + self.timeout
+        deadline = None if self.config.timeout is None else self._launched + self.config.timeout
         try:
-            if self.log_dir:
-                os.makedirs(self.log_dir, exist_ok=True)
+            if self.config.log_dir:
+                os.makedirs(self.config.log_dir, exist_ok=True)
             self._enter_network()
             while True:
                 self._start_all()
                 self.outcome = self._supervise(deadline)
                 self.state = self.outcome.state
-                if self.state is not State.FAILED or self.restarts >= self.max_restarts:
+                if self.state is not State.FAILED or self.restarts >= self.config.max_restarts:
                     return self.outcome.exit_code
                 self._restart(self.outcome.task)
         finally:
@@ -281,15 +257,16 @@ class Launcher:
         lost = self._lost_task(failed)
         if lost is None:
             self._failed_before = failed
-            self.log(f"restarting every task ({self.restarts}/{self.max_restarts}); they see "
-                     f"{envvars.RESTART_COUNT}={self.restarts}")
+            self.log(f"restarting every task ({self.restarts}/{self.config.max_restarts}); "
+                     f"they see {envvars.RESTART_COUNT}={self.restarts}")
         else:
             self._failed_before = None  # indices move up: the next failure is judged afresh
             self.spec = self.spec.without(*lost)
             self.here = self.placement(self.spec)
             self.log(f"{failed} failed on two starts in a row: restarting without it on "
-                     f"{self.spec.num_workers} worker(s) (--min-workers {self.min_workers}) "
-                     f"({self.restarts}/{self.max_restarts}); they see {envvars.RESTART_COUNT}="
+                     f"{self.spec.num_workers} worker(s) (--min-workers "
+                     f"{self.config.min_workers}) ({self.restarts}/{self.config.max_restarts}); "
+                     f"they see {envvars.RESTART_COUNT}="
                      f"{self.restarts} and {envvars.WORLD_SIZE_CHANGE}={self._world_size_change()}")
         self._reported = set()
         self._chief_deadline = None
@@ -297,10 +274,10 @@ class Launcher:
 
     def _lost_task(self, failed: str | None) -> tuple[str, int] | None:
         """The chief/worker to leave out of the next attempt, or None to restart them all."""
-        if self.min_workers is None or failed is None or failed != self._failed_before:
+        if self.config.min_workers is None or failed is None or failed != self._failed_before:
             return None
         task_type, index = failed.rsplit("-", 1)
-        if task_type not in ("chief", "worker") or self.spec.num_workers <= self.min_workers:
+        if task_type not in ("chief", "worker") or self.spec.num_workers <= self.config.min_workers:
             return None
         return task_type, int(index)
 
@@ -321,8 +298,8 @@ class Launcher:
                 self.log(f"received {signal.Signals(self._signal).name}: stopping every task")
                 return Outcome(State.INTERRUPTED, exit_codes.SIGNAL_BASE + self._signal)
             if deadline is not None and time.monotonic() > deadline:
-                self.log(f"timed out after {self.timeout:g}s: every task's Python stacks follow, "
-                         "then every task is stopped")
+                self.log(f"timed out after {self.config.timeout:g}s: every task's Python stacks "
+                         "follow, then every task is stopped")
                 return Outcome(State.TIMED_OUT, exit_codes.TIMED_OUT)
             if self.state is State.RUNNING:
                 self._report_tolerated_failures()
@@ -340,9 +317,9 @@ class Launcher:
                 return Outcome(State.SUCCEEDED, exit_codes.OK)
             if self.state is State.RUNNING and leader is not None and leader.poll() == 0:
                 self.state = State.FINISHING
-                finish_by = time.monotonic() + self.grace
-                self.log(f"{leader.name} succeeded; waiting up to {self.grace:g}s for the other "
-                         "tasks to finish")
+                finish_by = time.monotonic() + self.config.grace
+                self.log(f"{leader.name} succeeded; waiting up to {self.config.grace:g}s for the "
+                         "other tasks to finish")
                 self._servers_done()
             if self.state is State.FINISHING:
                 self._report_late_failures()
@@ -351,7 +328,7 @@ class Launcher:
                     if running:
                         self.log("grace period over: stopping " + ", ".join(t.name for t in running))
                         self.group.stop(running, because=f"{leader.name} had succeeded "
-                                                         f"{self.grace:g} s before")
+                                                         f"{self.config.grace:g} s before")
                     return Outcome(State.SUCCEEDED, exit_codes.OK, leader.name)
             time.sleep(0.1)
 
@@ -384,9 +361,9 @@ class Launcher:
         if failed.task_type != "ps" or leader is None or leader.poll() is not None:
             return False
         if self._chief_deadline is None:
-            self._chief_deadline = time.monotonic() + self.grace
+            self._chief_deadline = time.monotonic() + self.config.grace
             self.log(f"{failed.name} exited with code {failed.poll()}: waiting up to "
-                     f"{self.grace:g}s for the chief to report it")
+                     f"{self.config.grace:g}s for the chief to report it")
         return time.monotonic() < self._chief_deadline
 
     def _leader(self) -> Task | None:
@@ -403,7 +380,7 @@ class Launcher:
     def _enter_network(self) -> None:
         """The tasks' network: a private namespace unless `network` is "host"; when none can be
         made, an error if "private" was asked for, else a warning naming the exposure."""
-        if self.network_mode == "host":
+        if self.config.network == "host":
             return
         if not addresses.all_loopback(self.spec):
             self.log(private_network.multi_host_warning(
@@ -413,10 +390,10 @@ class Launcher:
         try:
             self.network = network.__enter__()
         except private_network.Unavailable as err:
-            if self.network_mode == "private":
-                raise UsageError("--network", f"private: {err}",
-                                 "run where network namespaces are allowed, or pass --network "
-                                 "host (the tasks' ports are then reachable from other hosts)")
+            if self.config.network == "private":
+                raise UsageError("network", f"private: {err}",
+                                 "run where network namespaces are allowed, or use the host's "
+                                 "network (the tasks' ports are then reachable from other hosts)")
             self.log(private_network.exposure_warning(
                 [self.spec.address(*task) for task in self.spec.tasks()], str(err)))
 
@@ -433,9 +410,9 @@ class Launcher:
             if self.network is not None:
                 argv = self.network.exec_prefix() + list(argv)
             tasks.append((task_type, index, argv, env))
-        if self.log_dir:  # one header per attempt in each task's log
+        if self.config.log_dir:  # one header per attempt in each task's log
             for task_type, index, _, _ in tasks:
-                with safe_log(self.log_dir, f"{task_type}-{index}") as log:
+                with safe_log(self.config.log_dir, f"{task_type}-{index}") as log:
                     log.write(f"=== kdist launch: attempt {self.restarts} of {task_type}-{index}, "
                               f"{time.strftime('%Y-%m-%d %H:%M:%S')} ===\n")
         self.group.start(tasks, on_error=check_program)
@@ -447,9 +424,10 @@ class Launcher:
 
     def _close_group(self) -> None:
         """Stops what still runs of this attempt (recording why) and waits for its output."""
+        timeout = self.config.timeout
         why = {State.INTERRUPTED: "the launcher received a signal",
-               State.TIMED_OUT: f"the job timed out after {self.timeout:g} s"
-               if self.timeout else "the job timed out"}.get(self.state, "the launcher ended")
+               State.TIMED_OUT: f"the job timed out after {timeout:g} s" if timeout
+               else "the job timed out"}.get(self.state, "the launcher ended")
         if self.state is State.TIMED_OUT:  # where each task hangs, before it is gone
             self.group.ask_for_stacks(self.tasks, because=why)
         self.group.stop(self.tasks, because=why)
@@ -459,9 +437,9 @@ class Launcher:
         self.summary = self._summary(launched_at, oom_kills)
         for line in self.summary.lines():
             self.log(line)
-        if self.summary_path:
-            self.summary.save(self.summary_path)
-            self.log(f"summary saved in {self.summary_path}")
+        if self.config.summary_path:
+            self.summary.save(self.config.summary_path)
+            self.log(f"summary saved in {self.config.summary_path}")
 
     def _summary(self, launched_at: float, oom_kills: int) -> summaries.Summary:
         ends = [summaries.TaskEnd(t.name, t.poll(),
@@ -497,29 +475,38 @@ def safe_log(log_dir: str, name: str):
     return safe_files.open_for_append(os.path.join(log_dir, f"{name}.log"))
 
 
+def _config(config: LaunchConfig | None, settings: dict) -> LaunchConfig:
+    """`config`, or one made of `settings` (its fields as keywords); never both, no other name."""
+    fields = [f.name for f in dataclasses.fields(LaunchConfig)]
+    unknown = sorted(set(settings) - set(fields))
+    if unknown:
+        raise TypeError(f"Launcher: no setting {', '.join(unknown)}; LaunchConfig's fields are "
+                        f"{', '.join(fields)}")
+    if config is not None and settings:
+        raise TypeError(f"Launcher: give config or its fields ({', '.join(sorted(settings))}), "
+                        "not both")
+    return config if config is not None else LaunchConfig(**settings)
+
+
 def _check_network(spec: ClusterSpec, network: str | None, own_placement: bool) -> None:
     """A private network holds only a loopback interface: it cannot carry a cluster whose tasks
     listen on other addresses."""
     if own_placement and network == "private" and not addresses.all_loopback(spec):
-        raise UsageError("--network", "private: the cluster's tasks listen on this machine's "
+        raise UsageError("network", "private: the cluster's tasks listen on this machine's "
                          "real addresses, which a private network (a loopback only) does not have",
-                         "leave --network out (or pass --network host) for a multi-host spec")
+                         "leave the network unset, or use the host's, for a multi-host spec")
 
 
-def _check_min_workers(min_workers, spec: ClusterSpec, max_restarts: int, task_command) -> None:
+def _check_min_workers(min_workers, spec: ClusterSpec, task_command) -> None:
     if min_workers is None:
         return
-    validators.positive_int(min_workers, "--min-workers")
     if spec.has_ps:
-        raise UsageError("--min-workers", "a parameter-server job already goes on without a lost "
+        raise UsageError("min_workers", "a parameter-server job already goes on without a lost "
                          "worker (the coordinator reschedules its steps)",
-                         "drop --min-workers for a cluster with --ps")
+                         "drop min_workers for a cluster with ps tasks")
     if min_workers > spec.num_workers:
-        raise UsageError("--min-workers", f"{min_workers} is more than the {spec.num_workers} "
+        raise UsageError("min_workers", f"{min_workers} is more than the {spec.num_workers} "
                          "chief/worker task(s) launched", f"use 1 to {spec.num_workers}")
-    if max_restarts == 0:
-        raise UsageError("--min-workers", "a smaller restart is a restart, and --max-restarts is 0",
-                         "add --max-restarts N (each smaller restart counts as one)")
     if task_command is not None:
         raise UsageError("min_workers", "a custom task_command renders its own tasks, so the "
                          "launcher cannot drop one", "use the default task command")

@@ -25,9 +25,7 @@ import shutil
 import subprocess
 import sys
 
-from kdist.validators import UsageError
 
-MODES = ("private", "host")
 READY = "ready"
 # The holder: brings lo up (ioctl SIOCGIFFLAGS/SIOCSIFFLAGS, no iproute2 needed), says so, and
 # waits for its stdin to close: the launcher's end, or its death.
@@ -119,13 +117,6 @@ class PrivateNetwork:
         except subprocess.TimeoutExpired:
             holder.kill()
             holder.wait()
-
-
-def check_mode(mode: str | None) -> None:
-    if mode is not None and mode not in MODES:
-        raise UsageError("--network", f"{mode!r} is not a network mode",
-                         "use --network private (the default: nothing outside reaches the tasks) "
-                         "or --network host (the tasks share this machine's network)")
 
 
 def exposure_warning(addresses: list[str], why: str) -> str:
