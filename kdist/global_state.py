@@ -11,7 +11,7 @@ Two typed records live for the life of a process, each field named with the modu
 - `PerStrategy` (`of_strategy`): what kdist keeps about one `tf.distribute` strategy: the cluster
   and options it was built for (`kdist.strategies.registry`), its parameter-server coordinator
   (`kdist.ps.coordinator`), its TCP ring (`kdist.exchange.comm`), its device groups' collective
-  launchers (`kdist.keras_seam.tf_internals`), its all-gather of host values
+  launchers (`kdist.keras_seam.tf_internals`), its all-gathers of host values
   (`kdist.strategies.gather`). Held beside the strategy and weakly: it goes with the strategy,
   never keyed by an `id()` a later object may reuse.
 
@@ -81,7 +81,8 @@ class PerStrategy:
     coordinator: Any = None  # its ClusterCoordinator (kdist.ps.coordinator)
     ring: Any = None  # its TCP ring (kdist.exchange.comm)
     launchers: dict = dataclasses.field(default_factory=dict)  # device -> collective launcher
-    gather: Any = None  # its all-gather of host values (kdist.strategies.gather)
+    host_gathers: dict = dataclasses.field(default_factory=dict)  # (purpose, length) -> its
+    # all-gather of host values (kdist.strategies.gather)
 
 
 _process = Process()

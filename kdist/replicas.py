@@ -138,7 +138,8 @@ def _checksums(strategy, variables):
         copies = strategy.experimental_local_results(variable.value)
         for replica in range(local):  # a variable not mirrored: every replica reads its one copy
             own[replica, k] = _checksum(np.asarray(copies[replica % len(copies)]))
-    return gather.per_worker(strategy, own.reshape(-1)).reshape(-1, len(variables), 2)
+    rows = gather.per_worker(strategy, own.reshape(-1), "replica checksums")
+    return rows.reshape(-1, len(variables), 2)
 
 
 def _checksum(array):

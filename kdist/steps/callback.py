@@ -92,7 +92,8 @@ class StepWatch(keras.callbacks.Callback):
         """Every worker's figures, in worker order (a collective: every worker calls it)."""
         import numpy as np
 
-        rows = gather.per_worker(self.model.distribute_strategy, np.array(figures, np.float64))
+        rows = gather.per_worker(self.model.distribute_strategy, np.array(figures, np.float64),
+                                 "step figures")
         return rows.tolist()
 
 
