@@ -132,7 +132,7 @@ def _checksums(strategy, variables):
     host values of their copies and gathered over the workers (`kdist.strategies.gather`)."""
     import numpy as np
 
-    local = max(1, strategy.num_replicas_in_sync // max(1, tf_internals.num_workers(strategy)))
+    local = tf_internals.replicas_per_worker(strategy)
     own = np.zeros([local, len(variables), 2], np.int64)
     for k, variable in enumerate(variables):
         copies = strategy.experimental_local_results(variable.value)
@@ -199,7 +199,7 @@ def replica_names(strategy) -> list[str]:
         spec = cluster_of(strategy)
         tasks = [f"{t}:{i}" for t, i in spec.tasks() if t in ("chief", "worker")] \
             if spec is not None else []
-        per_worker = max(1, replicas // max(1, tf_internals.num_workers(strategy)))
+        per_worker = tf_internals.replicas_per_worker(strategy)
         return [f"replica {r} ({tasks[r // per_worker] if r // per_worker < len(tasks) else '?'})"
                 for r in range(replicas)]
     devices = strategy.extended.worker_devices

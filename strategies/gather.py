@@ -37,7 +37,7 @@ def per_worker(strategy, values, purpose: str):
     gather = _gather(strategy, purpose, len(values))
     gathered = strategy.experimental_local_results(gather(values.view(np.int64)))[0]
     rows = gathered.numpy()  # one row per replica: each worker's replicas sent the same row
-    per = max(1, strategy.num_replicas_in_sync // max(1, tf_internals.num_workers(strategy)))
+    per = tf_internals.replicas_per_worker(strategy)
     return rows[::per].view(values.dtype)
 
 

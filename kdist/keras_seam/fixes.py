@@ -42,8 +42,6 @@ def _symbolic_build_without_collective(original):
     return _maybe_symbolic_build
 
 
-
-
 # ----------------------------------------------------------------------------------------------
 # 2. `reduce_per_replica(..., "mean")` reduces every step's logs with `strategy.reduce("MEAN", v,
 #    axis=0)` under multi-worker collectives; the logs are scalars, so TF raises "Invalid reduction
@@ -62,8 +60,9 @@ def _scalar_reduce(original):
         logs = [k for k, v in enumerate(flat) if v.shape.rank == 0 and v.dtype == tf.float32]
         reduced = [strategy.reduce("MEAN", v, axis=None if v.shape.rank == 0 else 0)
                    if k not in logs else None for k, v in enumerate(flat)]
+        several = global_state.process().tracing_several_steps
         means = connected().mean_of_logs(strategy, [flat[k] for k in logs],
-                                         one_step_per_call=not global_state.process().tracing_several_steps)
+                                         one_step_per_call=not several)
         for k, mean in zip(logs, means):
             reduced[k] = mean
         return keras.tree.pack_sequence_as(values, reduced)

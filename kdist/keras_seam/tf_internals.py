@@ -125,6 +125,11 @@ def num_workers(strategy) -> int:
     return getattr(strategy.extended, "_num_workers", 1)
 
 
+def replicas_per_worker(strategy) -> int:
+    """The replicas each worker process of `strategy` runs (at least 1)."""
+    return max(1, strategy.num_replicas_in_sync // max(1, num_workers(strategy)))
+
+
 def is_mirrored(strategy) -> bool:
     """Whether `strategy` creates mirrored variables (Mirrored and MultiWorkerMirrored)."""
     from tensorflow.python.distribute import mirrored_strategy

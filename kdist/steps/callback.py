@@ -28,8 +28,8 @@ import math
 import keras
 
 from kdist.steps import clock as clocks
-from kdist.strategies import gather
 from kdist.steps.watchdog import CoordinationStore, Watchdog
+from kdist.strategies import gather
 
 logger = logging.getLogger("kdist")
 SPLIT = ("input", "compute", "comm", "step")
