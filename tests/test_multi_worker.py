@@ -197,6 +197,18 @@ def test_a_worker_loads_the_chiefs_save_after_kdist_barrier(job):
         assert report["loaded_after_barrier_same"] is True
 
 
+def test_a_generator_or_pydataset_step_agrees_on_no_end_of_data(job):
+    """Fixes generator_steps_without_end_agreement and consistent_pydataset_order (ending_together):
+    kdist's pipelines of a generator's and a PyDataset's batches yield one share per replica for
+    every global batch on every worker, so all run out at the same step and the step holds no
+    cross-worker agreement on whether data is left (TensorFlow's partial-batch handling, one more
+    all-reduce in every step, about 2 ms of a 4.5 ms step on 2 workers): as many TensorFlow
+    all-reduces as a shuffled array's, whose endless pipeline TensorFlow never asks."""
+    for report in job["reports"].values():
+        counts = report["all_reduces_by_input"]
+        assert counts["generator"] == counts["PyDataset"] == counts["arrays, shuffled"], counts
+
+
 def test_tf_servers_listen_on_their_tf_config_ports(job):
     """TF's gRPC server binds its port on every interface (grpc_server_lib.cc hard-codes 0.0.0.0);
     kdist can only hand it loopback addresses. This documents that, and fails if TF changes."""

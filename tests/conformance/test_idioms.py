@@ -79,7 +79,7 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "custom_train_step_loss_object", "gan_two_optimizers", "vae", "diverging_replicas",
     "jit_compile", "embedding_sgd", "gather_dense_unused_adam", "uneven_last_batch",
     "uneven_last_batch_weighted", "one_row_last_batch", "empty_share", "pydataset",
-    "pydataset_two_workers"]
+    "pydataset_two_workers", "generator_steps_per_epoch", "generator_to_its_end"]
 
 
 def test_the_idiom_list_is_the_programs(runs):

@@ -205,14 +205,15 @@ report["listening"] = sorted({f"{c.laddr.ip}:{c.laddr.port}"
 
 # 8. The traced train step of kdist.scope() + fit against hand-written MWMS + fit with only the
 #    workarounds fit needs to run: op types and counts (benchmarks/overhead.py times the two).
-def train_step_ops(scope):
+def train_step_ops(scope, **inputs_of_fit):
     with scope():
         model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
                                   keras.layers.Dense(2)])
         model.compile(keras.optimizers.SGD(0.1),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True),
                       metrics=["accuracy"])
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, shuffle=False)
+    model.fit(**(inputs_of_fit or {"x": x, "y": y, "batch_size": GLOBAL_BATCH, "shuffle": False}),
+              epochs=1, verbose=0)
     counts = {}
     # Keras <= 3.6 returns the tf.function; 3.7-3.15 wrap it in a Python closure; 3.16 calls the
     # traced step from a closure inside that closure: every function reachable through closures.
@@ -236,6 +237,31 @@ def train_step_ops(scope):
 
 
 kdist_ops = train_step_ops(lambda: kdist.scope(watch_steps=False))
+
+
+def endless_batches():
+    while True:
+        for start in range(0, len(x), GLOBAL_BATCH):
+            yield x[start:start + GLOBAL_BATCH], y[start:start + GLOBAL_BATCH]
+
+
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return -(-len(x) // GLOBAL_BATCH)
+
+    def __getitem__(self, index):
+        rows = slice(index * GLOBAL_BATCH, (index + 1) * GLOBAL_BATCH)
+        return x[rows], y[rows]
+
+
+# TensorFlow's all-reduces in the step, by input: one more where the workers agree, at every
+# step, on whether any replica still has data (TensorFlow's partial-batch handling)
+report["all_reduces_by_input"] = {kind: train_step_ops(
+    lambda: kdist.scope(watch_steps=False), **inputs_of_fit).get("CollectiveReduceV2", 0)
+    for kind, inputs_of_fit in {
+        "arrays, shuffled": {"x": x, "y": y, "batch_size": GLOBAL_BATCH},
+        "generator": {"x": endless_batches(), "steps_per_epoch": 4},
+        "PyDataset": {"x": Batches()}}.items()}
 watched_ops = train_step_ops(kdist.scope)  # kdist.steps's clock readings added
 keras_seam.uninstall()
 for workaround in keras_seam.PATCHES:

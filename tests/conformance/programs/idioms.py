@@ -515,13 +515,42 @@ def pydataset_two_workers():
     return fit_pydataset(workers=2)
 
 
+def fit_generator(rows, **fit_args):
+    """A Python generator of global batches over the first `rows` rows (49: the last batch is
+    one row, so one replica's share is empty), evaluated on a finite one."""
+    def batches(forever):
+        while True:
+            for start in range(0, rows, GLOBAL_BATCH):
+                yield X[start:start + GLOBAL_BATCH], Y[start:start + GLOBAL_BATCH]
+            if not forever:
+                return
+
+    with scope():
+        model = dense_model()
+        model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"])
+    history = model.fit(batches(forever="steps_per_epoch" in fit_args), verbose=0, **fit_args)
+    return model, history.history, model.evaluate(batches(forever=False), verbose=0,
+                                                  return_dict=True)
+
+
+def generator_steps_per_epoch():
+    """An endless generator, `steps_per_epoch` batches an epoch (the tutorials' way)."""
+    return fit_generator(49, steps_per_epoch=4, epochs=EPOCHS)
+
+
+def generator_to_its_end():
+    """A generator that ends: the epoch ends when its data does, on every worker at once."""
+    return fit_generator(49, epochs=1)
+
+
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
           classification_metrics, multi_output, dropout, custom_train_step,
           custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
           embedding_sgd, gather_dense_unused_adam, uneven_last_batch, uneven_last_batch_weighted,
-          one_row_last_batch, empty_share, pydataset, pydataset_two_workers]
+          one_row_last_batch, empty_share, pydataset, pydataset_two_workers,
+          generator_steps_per_epoch, generator_to_its_end]
 
 
 # ------------------------------------------------------------------------------------ running
