@@ -216,8 +216,8 @@ def _consistent_pydataset_order(iterator, strategy):
         adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
         seed = inputs.shared_seed(connected().cluster_of(strategy))
         epochs = inputs.EpochCount(adapter)
-        iterator._distributed_dataset = tf_internals.ending_together(
-            strategy.distribute_datasets_from_function(
+        iterator._distributed_dataset = _ending_together_by_one_step(
+            iterator, strategy.distribute_datasets_from_function(
                 lambda context: inputs.pydataset_shares(adapter, seed, epochs, context)))
 
 
@@ -235,9 +235,19 @@ def _generator_shares_end_together(iterator, strategy):
 
     adapter = iterator.data_adapter
     if isinstance(adapter, classes.resolve("GeneratorDataAdapter")) and is_multi_worker(strategy):
-        iterator._distributed_dataset = tf_internals.ending_together(
-            strategy.distribute_datasets_from_function(
+        iterator._distributed_dataset = _ending_together_by_one_step(
+            iterator, strategy.distribute_datasets_from_function(
                 lambda context: inputs.generator_shares(adapter, context)))
+
+
+def _ending_together_by_one_step(iterator, distributed):
+    """`distributed` read without the per-step agreement on the data's end where each call of
+    the step reads one batch, first thing (`tf_internals.ending_together`): the end is then an
+    OutOfRange before any collective of the call. With several steps per execution a later read
+    would end the call halfway, after its first steps' collectives: the agreement stays."""
+    if iterator.steps_per_execution != 1:
+        return distributed
+    return tf_internals.ending_together(distributed)
 
 
 def _is_tf_data(dataset) -> bool:
@@ -297,7 +307,9 @@ def _atomic(name: str):
 #    keeps Keras's loop but takes the step out of the cond: the loop's condition checks that a
 #    next batch exists, the body runs the step on it and (a cond over the iterator only) fetches
 #    the one after while steps remain. The first batch is read with `get_next()`: at the end of the
-#    data its OutOfRangeError ends the epoch, as Keras's epoch iterator expects.
+#    data its OutOfRangeError ends the epoch, as Keras's epoch iterator expects; the first step
+#    waits for that batch (control dependencies), or the optimizer's step count, which reads no
+#    data, went one up at every end of a generator's data (iterations 5 where one device has 4).
 def _multi_step_function(trainer, step_function):
     import tensorflow as tf
 
@@ -320,7 +332,9 @@ def _multi_step_function(trainer, step_function):
 
     def several(iterator):
         k = trainer.steps_per_execution
-        outputs = one_step(iterator.get_next())
+        data = iterator.get_next()
+        with tf.control_dependencies(tf.nest.flatten(data, expand_composites=True)):
+            outputs = one_step(data)  # nothing of it runs (the optimizer's step count) without data
 
         def more(step, outputs, following):
             return tf.logical_and(step < k, following.has_value())

@@ -35,8 +35,8 @@ REFUSED = {
 }
 KERAS = version(keras.__version__)
 if KERAS < (3, 7, 0):  # Keras <= 3.6 aborts the all-reduce at an epoch's end (kdist refuses)
-    REFUSED["steps_per_execution"] = ("Keras <= 3.6 aborts the gradient all-reduce",
-                                      "steps_per_execution=1")
+    for name in ("steps_per_execution", "generator_to_its_end_in_executions"):
+        REFUSED[name] = ("Keras <= 3.6 aborts the gradient all-reduce", "steps_per_execution=1")
 # Keras < 3.8 under Mirrored: kdist leaves Keras's equal replica weights (kdist.training.keras_hooks.
 # _weighs_examples), so a short last batch weighs examples as plain tf.distribute does.
 NOT_ONE_DEVICE_MIRRORED = {"uneven_last_batch", "uneven_last_batch_weighted",
@@ -79,7 +79,8 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "custom_train_step_loss_object", "gan_two_optimizers", "vae", "diverging_replicas",
     "jit_compile", "embedding_sgd", "gather_dense_unused_adam", "uneven_last_batch",
     "uneven_last_batch_weighted", "one_row_last_batch", "empty_share", "pydataset",
-    "pydataset_two_workers", "generator_steps_per_epoch", "generator_to_its_end"]
+    "pydataset_two_workers", "generator_steps_per_epoch", "generator_to_its_end",
+    "generator_to_its_end_in_executions"]
 
 
 def test_the_idiom_list_is_the_programs(runs):

@@ -515,7 +515,7 @@ def pydataset_two_workers():
     return fit_pydataset(workers=2)
 
 
-def fit_generator(rows, **fit_args):
+def fit_generator(rows, steps_per_execution=1, **fit_args):
     """A Python generator of global batches over the first `rows` rows (49: the last batch is
     one row, so one replica's share is empty), evaluated on a finite one."""
     def batches(forever):
@@ -527,7 +527,8 @@ def fit_generator(rows, **fit_args):
 
     with scope():
         model = dense_model()
-        model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"])
+        model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"],
+                      steps_per_execution=steps_per_execution)
     history = model.fit(batches(forever="steps_per_epoch" in fit_args), verbose=0, **fit_args)
     return model, history.history, model.evaluate(batches(forever=False), verbose=0,
                                                   return_dict=True)
@@ -543,6 +544,11 @@ def generator_to_its_end():
     return fit_generator(49, epochs=1)
 
 
+def generator_to_its_end_in_executions():
+    """The same in executions of 3 steps: the data ends inside the second execution."""
+    return fit_generator(49, steps_per_execution=3, epochs=1)
+
+
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
@@ -550,7 +556,7 @@ IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, 
           custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
           embedding_sgd, gather_dense_unused_adam, uneven_last_batch, uneven_last_batch_weighted,
           one_row_last_batch, empty_share, pydataset, pydataset_two_workers,
-          generator_steps_per_epoch, generator_to_its_end]
+          generator_steps_per_epoch, generator_to_its_end, generator_to_its_end_in_executions]
 
 
 # ------------------------------------------------------------------------------------ running
