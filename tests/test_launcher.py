@@ -13,6 +13,8 @@ import psutil
 import pytest
 
 from conftest import ROOT, run_kdist, run_python, scaled
+from kdist.launch.config import LaunchConfig
+from kdist.launch.policy import Attempt, Decision, after_failure
 
 TASK = os.path.join(ROOT, "tests", "programs", "task.py")
 
@@ -252,6 +254,30 @@ def test_min_workers_is_a_floor_then_the_job_fails_with_the_tasks_code(tmp_path)
                     extra=["--max-restarts", "2", "--min-workers", "2"])
     assert result.returncode == 3, result.stdout
     assert "restarting without" not in result.stdout and "(2/2)" in result.stdout
+
+
+RESTART, STOP = Decision(restart=True), Decision(restart=False)
+
+
+@pytest.mark.parametrize("config, attempt, decision", [
+    ({}, Attempt(0, 2, "worker-1"), STOP),  # no restarts asked
+    ({"max_restarts": 1}, Attempt(0, 2, "worker-1"), RESTART),
+    ({"max_restarts": 1}, Attempt(1, 2, "worker-1", "worker-1"), STOP),  # none left
+    ({"max_restarts": 3}, Attempt(1, 2, "worker-1", "worker-1"), RESTART),  # no min_workers
+    ({"max_restarts": 3, "min_workers": 1}, Attempt(0, 2, "worker-1"), RESTART),  # first time
+    ({"max_restarts": 3, "min_workers": 1}, Attempt(1, 2, "worker-1", "worker-1"),
+     Decision(restart=True, without=("worker", 1))),  # twice in a row: a lost host
+    ({"max_restarts": 3, "min_workers": 1}, Attempt(1, 2, "chief-0", "chief-0"),
+     Decision(restart=True, without=("chief", 0))),
+    ({"max_restarts": 3, "min_workers": 1}, Attempt(1, 2, "worker-0", "worker-1"), RESTART),
+    ({"max_restarts": 3, "min_workers": 2}, Attempt(1, 2, "worker-1", "worker-1"), RESTART),
+    ({"max_restarts": 3, "min_workers": 1}, Attempt(1, 2, "ps-0", "ps-0"), RESTART),
+    ({"max_restarts": 3, "min_workers": 1}, Attempt(1, 2, None, None), RESTART),
+])
+def test_the_restart_policy_is_a_function_of_the_attempt(config, attempt, decision):
+    """kdist.launch.policy: what follows a failed attempt, decided with no process or clock
+    (the loop that starts and watches tasks only carries it out)."""
+    assert after_failure(LaunchConfig(**config), attempt) == decision
 
 
 @pytest.mark.parametrize("extra, problem", [

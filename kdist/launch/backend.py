@@ -1,7 +1,8 @@
 """What the launcher asks of the tasks of one attempt, wherever they run: `TaskBackend`.
 
-The launcher (`kdist.launch.launcher`) is the policy: when the job has succeeded or failed, what
-to restart, which task is lost, what the summary says. A backend carries it out for one attempt:
+The launcher (`kdist.launch.launcher`) decides when the job has succeeded or failed and what the
+summary says; what to restart, and which task is lost, is `kdist.launch.policy`'s pure function.
+A backend carries out one attempt:
 it starts the tasks it is given, tells how each one is doing (`Task.poll`), and stops them.
 `kdist.launch.group.TaskGroup` runs them as local processes, which is what `kdist launch` uses.
 Another place to run tasks (a scheduler's API, a test's fake) is one class with these methods,

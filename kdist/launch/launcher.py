@@ -39,7 +39,8 @@ warns and goes on (``network="private"`` makes that an error).
 Before any task starts, the program is looked up: a missing one fails with 127 and one that is not
 executable with 126 (the shell's codes), and no process is left behind.
 
-The launcher is the policy (this state machine, the restarts); starting, watching and stopping
+The launcher runs this state machine; what follows a failed attempt (restart, and without which
+task) is decided apart, by a pure function (`kdist.launch.policy`); starting, watching and stopping
 the tasks is its backend's (`kdist.launch.backend.TaskBackend`): local processes by default
 (`kdist.launch.group.TaskGroup`), or any class with the same methods (``backend=``). Whatever
 the outcome, the output ends with a summary (`kdist.launch.summary`): the first task that
@@ -85,7 +86,7 @@ from typing import IO, Callable, Sequence
 from kdist import envvars, exit_codes, safe_files
 from kdist.cluster import addresses
 from kdist.cluster.spec import ClusterSpec
-from kdist.launch import hosts, private_network
+from kdist.launch import hosts, policy, private_network
 from kdist.launch import summary as summaries
 from kdist.launch.backend import Task, TaskBackend
 from kdist.launch.config import LaunchConfig
@@ -227,9 +228,13 @@ class Launcher:
                 self._start_all()
                 self.outcome = self._supervise(deadline)
                 self.state = self.outcome.state
-                if self.state is not State.FAILED or self.restarts >= self.config.max_restarts:
+                if self.state is not State.FAILED:
                     return self.outcome.exit_code
-                self._restart(self.outcome.task)
+                decision = policy.after_failure(self.config, policy.Attempt(
+                    self.restarts, self.spec.num_workers, self.outcome.task, self._failed_before))
+                if not decision.restart:
+                    return self.outcome.exit_code
+                self._restart(self.outcome.task, decision.without)
         finally:
             if self.group is not None:
                 self._close_group()
@@ -247,14 +252,14 @@ class Launcher:
         self._write(f"[kdist] {message}\n")
 
     # ------------------------------------------------------------------ states
-    def _restart(self, failed: str | None) -> None:
+    def _restart(self, failed: str | None, lost: tuple[str, int] | None) -> None:
+        """Carries out `policy.after_failure`'s restart: every task again, or without `lost`."""
         self.state = State.RESTARTING
         first = self._task(*failed.rsplit("-", 1)) if failed else None
         self._earlier.append(f"{failed}: {summaries.describe(first.poll())}" if first is not None
                              else "failed")
         self._close_group()
         self.restarts += 1
-        lost = self._lost_task(failed)
         if lost is None:
             self._failed_before = failed
             self.log(f"restarting every task ({self.restarts}/{self.config.max_restarts}); "
@@ -271,15 +276,6 @@ class Launcher:
         self._reported = set()
         self._chief_deadline = None
         self.state = State.RUNNING
-
-    def _lost_task(self, failed: str | None) -> tuple[str, int] | None:
-        """The chief/worker to leave out of the next attempt, or None to restart them all."""
-        if self.config.min_workers is None or failed is None or failed != self._failed_before:
-            return None
-        task_type, index = failed.rsplit("-", 1)
-        if task_type not in ("chief", "worker") or self.spec.num_workers <= self.config.min_workers:
-            return None
-        return task_type, int(index)
 
     def _world_size_change(self) -> str | None:
         now = self.spec.num_workers
