@@ -38,7 +38,7 @@ class StrategyOptions:
         dead_peer_timeout: MultiWorkerMirrored: a worker whose peer died, hung or became
             unreachable fails within this many seconds (default 60) instead of waiting forever;
             TF's coordination service then declares a task dead after 40% of it without a
-            heartbeat.
+            heartbeat, and kdist's TCP ring gives up on a peer silent for 80% of it.
         startup_timeout: MultiWorkerMirrored and ParameterServer: seconds this task waits for
             the other tasks to start (default: ``KDIST_STARTUP_TIMEOUT``, else 600), saying
             whom it waits for meanwhile; then it exits with code 69 naming them

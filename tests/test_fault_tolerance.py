@@ -91,14 +91,14 @@ def test_sigterm_saves_on_every_worker_exits_75_and_the_restart_redoes_nothing(t
         assert second[0] == (1, step + 1)
 
 
-def run_with_a_faulty_peer(out, workers, signal_name, step, bound, watched):
+def run_with_a_faulty_peer(out, workers, signal_name, step, bound, watched, *extra):
     """Starts `workers` fault_job tasks (dead_peer_timeout `bound`); worker:1 sends itself
     `signal_name` after `step`. Waits for the `watched` workers to end; returns their exit codes
     and outputs, when worker:1 was signalled and when the last watched worker ended."""
     spec = ClusterSpec.local_layout({"worker": workers})
     tasks = [subprocess.Popen(
         [sys.executable, FAULT_JOB, str(out), "--fault", f"worker:1:0:1:{step}:{signal_name}",
-         "--dead-peer-timeout", str(bound)], cwd=ROOT,
+         "--dead-peer-timeout", str(bound), *extra], cwd=ROOT,
         env={**os.environ, **QUIET_TF, "TF_CONFIG": spec.tf_config_json("worker", i)},
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in range(workers)]
     try:
@@ -125,6 +125,20 @@ def test_a_hung_peer_makes_the_survivor_fail_within_dead_peer_timeout(tmp_path, 
     assert codes[0] not in (0, None)
     assert "/job:worker/replica:0/task:1" in output and "unhealthy" in output, output[-3000:]
     assert detection < bound
+
+
+def test_a_hung_peer_on_shuffled_arrays_makes_the_survivor_fail_within_the_bound(tmp_path):
+    """fit's default input (shuffled arrays, read endlessly) asks TensorFlow no collective at
+    each step: the TCP ring alone sees worker:1 freeze, after 0.8 x dead_peer_timeout of
+    silence (it waited the whole bound, then the process ended 0.9 s past it: 6.9 s for 6 s)."""
+    bound = 10
+    codes, outputs, froze, exited = run_with_a_faulty_peer(tmp_path, 2, "STOP", 5, bound, [0],
+                                                           "--shuffle")
+    print(f"dead peer detected after {exited - froze:.1f} s")
+    assert codes[0] not in (0, None)
+    assert re.search(r"worker:1 \(127\.0\.0\.1:\d+\) sent nothing for 8 s", outputs[0]), \
+        outputs[0][-3000:]
+    assert exited - froze < bound
 
 
 def test_a_killed_peer_of_the_default_tcp_ring_fails_every_member_naming_it(tmp_path):

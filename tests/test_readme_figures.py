@@ -25,6 +25,8 @@ SETTINGS = {
     "64 bytes": "the alignment at which TF <= 2.21 under Mirrored wrote into a generator's arrays "
                 "(test_mirrored.py builds such arrays)",
     "40%": "heartbeat timeout of TF's coordination service, as a share of dead_peer_timeout",
+    "80%": "the TCP ring's wait for a silent peer, as a share of dead_peer_timeout "
+           "(kdist.exchange.comm.RING_SHARE_OF_DEAD_PEER)",
     "60 s": "the default dead_peer_timeout",
     "6 s": "the dead_peer_timeout the fault-tolerance test sets",
     "600 s": "the default KDIST_CHIEF_START_TIMEOUT",

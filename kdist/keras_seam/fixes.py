@@ -570,7 +570,7 @@ FIXES = [
           upstream="none filed; see kdist/keras_seam/tf_internals.py (ending_together)",
           why="fit(generator) under MultiWorkerMirrored: every step all-reduces across workers "
               "whether any replica still has data (TensorFlow's partial-batch handling of a "
-              "dataset of unknown length), about 2 ms of a 4.5 ms step on 2 workers"),
+              "dataset of unknown length), one more collective in every step"),
     Patch("tf_data_under_multi_worker", FIX,
           {Target("TFEpochIterator", "__init__"):
            _after_epoch_iterator_init(_tf_data_under_multi_worker)},

@@ -37,6 +37,7 @@ parser.add_argument("--global-batch", type=int, default=None)
 parser.add_argument("--compression", default=None)
 parser.add_argument("--count-examples", action="store_true")
 parser.add_argument("--tag", default="run")
+parser.add_argument("--shuffle", action="store_true", help="fit's default input: shuffled arrays")
 parser.add_argument("--cpu-devices", type=int, default=0, help="one process: Mirrored over N CPUs")
 args = parser.parse_args()
 
@@ -148,7 +149,7 @@ with kdist.scope(**scope_options):
 # The stock class, as users write it: kdist's step-level resume and SIGTERM checkpoint apply.
 backup = keras.callbacks.BackupAndRestore(os.path.join(args.out_dir, "backup"),
                                           save_freq=args.save_freq, save_before_preemption=True)
-fit_args = {"steps_per_epoch": steps_per_epoch} if spec.has_ps else {"shuffle": False}
+fit_args = {"steps_per_epoch": steps_per_epoch} if spec.has_ps else {"shuffle": args.shuffle}
 step_log = StepLog()
 model.fit(x, y, batch_size=batch, epochs=args.epochs, verbose=0,
           callbacks=[*callbacks, backup, step_log], **fit_args)
