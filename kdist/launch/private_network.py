@@ -44,7 +44,8 @@ OFFLINE_SIGNS = ("Temporary failure in name resolution", "Name or service not kn
                  "No address associated with hostname", "Network is unreachable",
                  "getaddrinfo failed", "DNS resolution failed")
 OFFLINE_HINT = ("the tasks ran on kdist launch's private network, which has no outside access: "
-                "download what they need before the launch, or pass --network host")
+                "download what they need before the launch, or launch with network=\"host\" "
+                "(kdist launch --network host)")
 
 
 def offline_hint(texts: list[str]) -> str | None:
@@ -124,8 +125,8 @@ def exposure_warning(addresses: list[str], why: str) -> str:
     return (f"WARNING: the tasks' TensorFlow ports ({', '.join(addresses)}) are reachable from "
             "other hosts: TensorFlow listens on every interface and runs any op it is sent, "
             f"unauthenticated. No private network here: {why}. Run where network namespaces are "
-            "allowed, firewall these ports, or pass --network host to accept this and silence the "
-            "warning.")
+            "allowed, firewall these ports, or launch with network=\"host\" (kdist launch "
+            "--network host) to accept this and silence the warning.")
 
 
 def multi_host_warning(addresses: list[str]) -> str:
@@ -133,7 +134,8 @@ def multi_host_warning(addresses: list[str]) -> str:
     return (f"WARNING: the tasks' TensorFlow ports ({', '.join(addresses)}) listen on this "
             "machine's network, where every host that reaches them can run any op, "
             "unauthenticated. Keep the machines on a private network, or firewall these ports to "
-            "the cluster's hosts; pass --network host to accept this and silence the warning. "
+            "the cluster's hosts; launch with network=\"host\" (kdist launch --network host) to "
+            "accept this and silence the warning. "
             "Set KDIST_JOB_SECRET to one value on every machine: kdist's TCP ring then admits only "
             "tasks that know it (unset, the first worker draws one and shares it through "
             "TensorFlow's coordination service, which those ports expose).")
