@@ -367,9 +367,9 @@ def test_a_task_that_needs_the_outside_network_is_told_why_it_has_none():
                        timeout=60)
     assert result.returncode == 1
     assert "name resolution" in result.stdout or "Name or service not known" in result.stdout
-    assert "hint: the tasks ran on kdist launch's private network, which has no outside access: " \
-        'download what they need before the launch, or launch with network="host" (kdist launch '
-        '--network host)' in result.stdout
+    assert ("hint: the tasks ran on kdist launch's private network, which has no outside access: "
+            'download what they need before the launch, or launch with network="host" (kdist '
+            'launch --network host)') in result.stdout
 
 
 def test_the_rootless_namespace_isolates_the_same_way():
