@@ -3,7 +3,7 @@ order, each taking its replicas' shares, as one device takes the whole batch.
 
 Keras hands a tf.data dataset of global batches to `experimental_distribute_dataset`, which
 shards it across the workers by DATA (each worker computes every batch and keeps its share) or
-by FILE, and makes two new iterators per epoch. Three inputs go wrong there:
+by FILE, and makes two new iterators per epoch. These inputs go wrong there:
 
 1. **In-memory arrays** (`fit(x=np_array, shuffle=True)`): Keras <= 3.15's ArrayDataAdapter
    permutes the indices with an unseeded `tf.random.shuffle` in every process, so each worker
@@ -47,8 +47,9 @@ by FILE, and makes two new iterators per epoch. Three inputs go wrong there:
    generator's fit). kdist's pipelines of a PyDataset's and a generator's batches (`batch_shares`)
    yield one share per replica for every global batch on every worker, an empty share included,
    so every worker runs out at the same step: they are read without the agreement
-   (`tf_internals.ending_together`). In-memory arrays and counted tf.data epochs are read
-   endlessly (`Continuing`), which TensorFlow never asks.
+   (`tf_internals.ending_together`), but for executions of several steps, which would end
+   halfway. In-memory arrays that fit shuffles and counted tf.data epochs are read endlessly
+   (`Continuing`), which TensorFlow never asks.
 """
 
 from __future__ import annotations
