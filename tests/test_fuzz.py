@@ -124,6 +124,7 @@ def test_kdist_refuses_only_what_tensorflow_refuses_or_the_documented_cases(conf
     ("[]", "not_an_object"),
     ('{"task": {"type": "worker", "index": 0}}', "task_without_cluster"),
     ('{"cluster": {"worker": ["h:1"]}}', "cluster_without_task"),
+    ('{"cluster": {"chief": ["h:1:2"]}, "task": {}}', "cluster_without_task"),  # hypothesis's
     ('{"cluster": {"worker": ["h:1"]}, "task": []}', "task_not_object"),
     ('{"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0, "rank": 1}}',
      "task_key"),

@@ -121,6 +121,10 @@ class ClusterSpec:
         if unknown:
             raise ClusterSpecError(f"{source}.task.{unknown[0]}", "unknown key",
                                    f"a task takes only {', '.join(_TASK_KEYS)}", rule="task_key")
+        if task.get("type") is None and task.get("index") is None:
+            raise ClusterSpecError(f"{source}.task", "names no task (no type, no index)",
+                                   'add "type": "worker", "index": 0 naming this process',
+                                   rule="cluster_without_task")
         _check_jobs_are_known(cluster, prefix=f"{source}.cluster")
         environment = config.get("environment")
         if environment is not None and not isinstance(environment, str):

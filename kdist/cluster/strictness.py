@@ -33,7 +33,7 @@ STRICTER = {rule.rule: rule for rule in [
     Stricter("task_without_cluster", 'a "task" with no (or an empty) "cluster"',
              "trains alone, as if there were no cluster", "refused",
              "every task of the job would train alone on its own data"),
-    Stricter("cluster_without_task", 'a "cluster" with no "task"',
+    Stricter("cluster_without_task", 'a "cluster" with no "task", or an empty one',
              "runs with no task type: a local strategy", "refused",
              "the process cannot tell which task it is; it trains alone"),
     Stricter("task_not_object", 'a "task" that is not an object',
