@@ -170,7 +170,8 @@ class _LazyRing:
             lookup = lambda key: tf_internals.get_job_key(key, int(self.timeout * 1000))  # noqa
             self._ring = Ring.connect(self.rank, self.addresses, tf_internals.set_job_key, lookup,
                                       self.timeout, secret=job_secret(self.rank, lookup),
-                                      port=ring_port(), names=self.names)
+                                      port=ring_port(), names=self.names,
+                                      peek=tf_internals.peek_job_key)
         return self._ring.all_reduce_sums(list(arrays))
 
 

@@ -13,7 +13,9 @@ copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gr
 by default on CPU workers (`kdist.strategies.sums_over_tcp`); the rendezvous (each worker's
 listening address) goes through TensorFlow's coordination service, and a peer silent for
 `timeout` seconds fails the step with an error naming it instead of a hang; a member whose
-collective fails closes the ring, so that the others fail at once too.
+collective fails closes the ring, so that the others fail at once too, and first writes why in the
+same store (`Causes`): a neighbour that sees it close reports that cause, the dead peer, and not
+the member that closed on it.
 
 Who may join: each worker listens on every interface, on `port` (``KDIST_RING_PORT`` on
 Kubernetes, where the NetworkPolicy admits it from the job's own pods) or an ephemeral one, only
@@ -54,11 +56,58 @@ BUFFER_BYTES = 4 << 20
 NONCE_BYTES, PROOF_BYTES = 16, 32
 ACCEPTED, REFUSED = b"\x01", b"\x00"
 HANDSHAKE_SECONDS = 5.0  # for a connection to the listener to prove the secret (side by side)
+TELLING_SECONDS = 1.0  # for a failing member to write its cause before it closes the ring anyway
 logger = logging.getLogger("kdist")
 
 
 class RingError(RuntimeError):
     """A peer of the ring did not answer, or answered wrongly: names it and the fix."""
+
+
+class Causes:
+    """Why a ring broke, in the store its members met through (TensorFlow's coordination service):
+    a member whose collective fails writes the cause (`tell`) before it closes its sockets, so a
+    neighbour that then sees its connection close finds it (`heard`) and names the peer that
+    failed first, not the neighbour. A cause found this way is passed on unchanged, along the ring.
+
+    >>> store = {}
+    >>> causes = Causes(0, store.__setitem__, store.get)
+    >>> causes.tell(2, "worker:1 closed the connection: the peer stopped")
+    >>> causes.heard([2, 1])
+    (2, 'worker:1 closed the connection: the peer stopped')
+    >>> causes.heard([1]) is None
+    True
+    """
+
+    def __init__(self, generation: int, publish, peek):
+        self._generation, self._publish, self._peek = generation, publish, peek
+
+    def _key(self, rank: int) -> str:
+        return f"kdist/ring/{self._generation}/broken/{rank}"
+
+    def tell(self, rank: int, cause: str) -> None:
+        """Writes `rank`'s cause, waiting at most TELLING_SECONDS (a store whose host died may
+        not answer: the ring closes all the same)."""
+        def write():
+            try:
+                self._publish(self._key(rank), cause)
+            except Exception as err:  # noqa: BLE001 (written once already, or the store is gone)
+                logger.debug("kdist: the ring's cause was not written (%s)", err)
+
+        writer = threading.Thread(target=write, name="kdist-ring-cause", daemon=True)
+        writer.start()
+        writer.join(TELLING_SECONDS)
+
+    def heard(self, ranks: list) -> tuple[int, str] | None:
+        """The first of `ranks` that wrote a cause, and the cause; None when none did."""
+        for rank in ranks:
+            try:
+                cause = self._peek(self._key(rank))
+            except Exception:  # noqa: BLE001 (the store is gone: the member's own error stands)
+                return None
+            if cause:
+                return rank, cause
+        return None
 
 
 class Pieces:
@@ -141,9 +190,11 @@ class Ring:
     """This worker's place in the ring: a socket to its successor, one from its predecessor."""
 
     def __init__(self, rank: int, size: int, to_next: socket.socket | None,
-                 from_previous: socket.socket | None, names: list[str]):
+                 from_previous: socket.socket | None, names: list[str],
+                 causes: Causes | None = None):
         self.rank, self.size, self.names = rank, size, names
         self._next, self._previous = to_next, from_previous
+        self._causes = causes
         self._sends: queue.Queue = queue.Queue()
         self._sent: queue.Queue = queue.Queue()
         self._scratch = np.empty(0, np.uint8)
@@ -156,13 +207,14 @@ class Ring:
     @classmethod
     def connect(cls, rank: int, addresses: list[str], publish, lookup, timeout: float,
                 generation: int | None = None, secret: bytes = b"", port: int = 0,
-                names: list[str] | None = None) -> "Ring":
+                names: list[str] | None = None, peek=None) -> "Ring":
         """Joins the ring of `len(addresses)` workers as `rank`: listens on this worker's host
         (`port`, 0: any free one), `publish(key, "host:port")`es the address, connects to the
         successor's (`lookup(key)`, blocking), proves `secret` to it, and accepts the
         predecessor once it has proved the same secret. `generation` tells the rings of one job
         apart (default: this process's count of rings); errors call the workers `names`
-        (default: their addresses)."""
+        (default: their addresses). With `peek(key)` (the value, or None at once), a failed
+        collective names the cause a neighbour wrote before it closed the ring (`Causes`)."""
         size = len(addresses)
         names = list(names or addresses)
         if size == 1:
@@ -198,7 +250,8 @@ class Ring:
             raise
         listener.close()
         _tune(admitted["socket"]).settimeout(timeout)
-        return cls(rank, size, to_next, admitted["socket"], names)
+        causes = Causes(generation, publish, peek) if peek is not None else None
+        return cls(rank, size, to_next, admitted["socket"], names, causes)
 
     # ------------------------------------------------------------------ the all-reduce
     def all_reduce_sum(self, array: np.ndarray, in_place: bool = False) -> np.ndarray:
@@ -233,9 +286,25 @@ class Ring:
                 return
             try:
                 self._sum_into(Pieces(inputs), Pieces(outputs))
-            except RingError:
+            except RingError as error:
+                failure = self._first_cause(error)
                 self.close()  # the ring is broken: its other members learn it now, not at timeout
-                raise
+                raise failure from None
+
+    def _first_cause(self, error: RingError) -> RingError:
+        """The error to raise for `error`: a neighbour's written cause where one broke the ring
+        first (it closed its sockets after writing it), else `error`, whose cause this member
+        writes for the others before it closes."""
+        if self._causes is None:
+            return error
+        previous, successor = (self.rank - 1) % self.size, (self.rank + 1) % self.size
+        heard = self._causes.heard([previous, successor])
+        cause = heard[1] if heard else str(error)
+        self._causes.tell(self.rank, cause)
+        if heard is None:
+            return error
+        return RingError(f"{cause} (as {self.names[heard[0]]} found first; it then closed the "
+                         "ring)")
 
     def _sum_into(self, inputs: "Pieces", outputs: "Pieces") -> None:
         """The ring: chunk c of the sum is `outputs`' chunk c; the chunk received in each

@@ -113,6 +113,20 @@ def get_job_key(key: str, timeout_ms: int | None = None) -> str:
     return context.context().get_config_key_value(key, timeout_ms)
 
 
+def peek_job_key(key: str) -> str | None:
+    """`key`'s value in the coordination service's store, or None if it is not there now (or the
+    service does not answer: its task died), without waiting for it."""
+    from tensorflow.python.eager import context
+
+    try:
+        return context.context().get_config_key_value(key, PEEK_MS)
+    except Exception:  # noqa: BLE001 (not there, or the service is gone: both mean none)
+        return None
+
+
+PEEK_MS = 50  # a key already written is returned at once; an absent one costs this wait
+
+
 # ------------------------------------------------------------------ strategies and devices
 def in_multi_worker_mode(strategy) -> bool:
     """Whether a MultiWorkerMirroredStrategy spans several processes (its extended's private
