@@ -20,7 +20,11 @@ def test_mirrored_tutorial_on_two_logical_devices(tmp_path):
     assert report["loss"][-1] < report["loss"][0]
     assert [round(rate, 7) for rate in report["rates"]] == [1e-3, 1e-3, 1e-4]  # the schedule
     assert report["checkpoints"] == ["ckpt_1.weights.h5", "ckpt_2.weights.h5", "ckpt_3.weights.h5"]
-    assert report["loaded_max_diff"] == 0.0  # loaded with and without a strategy: same model
+    # loaded with and without a strategy: the same weights, bit for bit; the same predictions
+    # within float32 rounding (one batch of 16 against two replicas of 8: oneDNN may choose
+    # another kernel for another batch, 1.5e-8 on one CPU and 0 on another)
+    assert report["loaded_weights_max_diff"] == 0.0
+    assert report["loaded_max_diff"] < 1e-6
     assert report["replicated_variable"] == "MirroredVariable"
     assert len(os.listdir(tmp_path / "logs" / "train")) == 1
 

@@ -71,4 +71,6 @@ print(json.dumps({
     "checkpoints": sorted(os.listdir(os.path.dirname(checkpoint_prefix))),
     "loaded_max_diff": float(np.abs(unreplicated.predict(probe, verbose=0)
                                     - replicated.predict(probe, verbose=0)).max()),
+    "loaded_weights_max_diff": max(float(np.abs(a - b).max()) for a, b in
+                                   zip(unreplicated.get_weights(), replicated.get_weights())),
     "replicated_variable": type(replicated.layers[0].kernel.value).__name__}))
