@@ -27,8 +27,9 @@ import logging
 
 import keras
 
+from kdist.exchange import host_rows
 from kdist.keras_seam import keras_internals, tf_internals
-from kdist.strategies import cluster_of, gather, is_multi_worker, is_parameter_server
+from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
 
 logger = logging.getLogger("kdist")
 MODES = ("error", "warn", "off")
@@ -129,7 +130,7 @@ def checked_variables(model) -> list:
 
 def _checksums(strategy, variables):
     """[replicas, variables, 2]: every replica's checksums of `variables`, computed from the
-    host values of their copies and gathered over the workers (`kdist.strategies.gather`)."""
+    host values of their copies and gathered over the workers (`kdist.exchange.host_rows`)."""
     import numpy as np
 
     local = tf_internals.replicas_per_worker(strategy)
@@ -138,7 +139,7 @@ def _checksums(strategy, variables):
         copies = strategy.experimental_local_results(variable.value)
         for replica in range(local):  # a variable not mirrored: every replica reads its one copy
             own[replica, k] = _checksum(np.asarray(copies[replica % len(copies)]))
-    rows = gather.per_worker(strategy, own.reshape(-1), "replica checksums")
+    rows = host_rows.per_worker(strategy, own.reshape(-1), "replica checksums")
     return rows.reshape(-1, len(variables), 2)
 
 

@@ -1,7 +1,8 @@
 """`per_worker(strategy, values, purpose)`: every worker's row of a few host values.
 
 kdist's own between-epoch reports compare small NumPy vectors across the workers: the step
-clock's figures (`kdist.steps`), the replicas' variable checksums (`kdist.check_replicas`). Each
+clock's figures (`kdist.steps`), the replicas' variable checksums (`kdist.check_replicas`). Where
+kdist's TCP ring sums the gradients they ride it instead (`kdist.exchange.host_rows`). Each
 purpose and length has one traced all-gather per strategy, kept for the strategy's life: a later
 fit traces none (the step clock's summary traced its own in every fit, 40 ms of its first epoch).
 Float64 values travel as their bits.
@@ -29,9 +30,7 @@ def per_worker(strategy, values, purpose: str):
     strategies: this process's row alone."""
     import numpy as np
 
-    values = np.ascontiguousarray(values)
-    if values.dtype not in (np.int64, np.float64):
-        raise TypeError(f"per_worker: values of dtype {values.dtype}; pass int64 or float64")
+    values = checked(values)
     if not is_multi_worker(strategy):
         return values[None]
     gather = _gather(strategy, purpose, len(values))
@@ -39,6 +38,17 @@ def per_worker(strategy, values, purpose: str):
     rows = gathered.numpy()  # one row per replica: each worker's replicas sent the same row
     per = tf_internals.replicas_per_worker(strategy)
     return rows[::per].view(values.dtype)
+
+
+def checked(values):
+    """`values` as a contiguous 1-D int64 or float64 array; another dtype is refused."""
+    import numpy as np
+
+    values = np.ascontiguousarray(values)
+    if values.dtype not in (np.int64, np.float64) or values.ndim != 1:
+        raise TypeError(f"per_worker: values of dtype {values.dtype} and shape {values.shape}; "
+                        "pass a 1-D int64 or float64 array")
+    return values
 
 
 def _gather(strategy, purpose: str, length: int):

@@ -209,6 +209,16 @@ def test_a_generator_or_pydataset_step_agrees_on_no_end_of_data(job):
         assert counts["generator"] == counts["PyDataset"] == counts["arrays, shuffled"], counts
 
 
+def test_kdists_epoch_reports_ride_the_ring_not_a_traced_all_gather(job):
+    """The replica check and the stragglers' figures at every epoch's end gather a row from each
+    worker: over kdist's TCP ring where it sums the gradients, so the first epoch traces no
+    all-gather of TensorFlow's for them (two, about 120 ms each, before); every worker gets
+    every row, in worker order, float64 bits intact."""
+    for report in job["reports"].values():
+        assert report["host_gathers_traced"] == 0
+        assert report["host_rows"] == [[0.0, 0.5], [1.0, 1.5]]
+
+
 def test_tf_servers_listen_on_their_tf_config_ports(job):
     """TF's gRPC server binds its port on every interface (grpc_server_lib.cc hard-codes 0.0.0.0);
     kdist can only hand it loopback addresses. This documents that, and fails if TF changes."""

@@ -142,6 +142,7 @@ class _LazyRing:
 
     def __init__(self, rank: int, addresses: list[str], timeout: float, names: list[str]):
         self.rank, self.addresses, self.timeout, self.names = rank, addresses, timeout, names
+        self.size = len(addresses)
         self._ring = None
         self._last = weakref.WeakKeyDictionary()  # graph -> its last ring collective
 

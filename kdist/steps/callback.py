@@ -40,9 +40,12 @@ class StepWatch(keras.callbacks.Callback):
     """Times every step, watches for hangs, and summarises the workers at each epoch's end."""
 
     def __init__(self, task: str, tasks: list[str], timeout: float | None, action: str,
-                 multi_worker: bool):
+                 multi_worker: bool, per_worker=gather.per_worker):
+        """`per_worker(strategy, values, purpose)` gathers every worker's figures (TensorFlow's
+        all-gather by default; `kdist.training` hands it the one over kdist's ring)."""
         super().__init__()
         self.task, self.tasks, self.multi_worker = task, tasks, multi_worker
+        self._per_worker = per_worker
         self.timeout, self.action = timeout, action
         self.clock = None
         self.watchdog = None
@@ -92,8 +95,8 @@ class StepWatch(keras.callbacks.Callback):
         """Every worker's figures, in worker order (a collective: every worker calls it)."""
         import numpy as np
 
-        rows = gather.per_worker(self.model.distribute_strategy, np.array(figures, np.float64),
-                                 "step figures")
+        rows = self._per_worker(self.model.distribute_strategy, np.array(figures, np.float64),
+                                "step figures")
         return rows.tolist()
 
 

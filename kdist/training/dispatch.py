@@ -25,6 +25,7 @@ import logging
 from kdist import model_state as states
 from kdist import replicas, steps, verify_plan
 from kdist.balance import fitting
+from kdist.exchange import host_rows
 from kdist.exchange.phases import PhaseCallback
 from kdist.keras_seam import hook_points, keras_internals, versions
 from kdist.ps import training as ps_training
@@ -116,7 +117,7 @@ def _step_watch(model, spec, options):
         keras_internals.wrap_train_step(model, _input_read)
     steps.clock.stamps()  # created here, at the same point on every worker
     return steps.StepWatch(spec.task, _workers(spec), options.hang_timeout, options.hang_action,
-                           multi_worker=True)
+                           multi_worker=True, per_worker=host_rows.per_worker)
 
 
 def _input_read(train_step):

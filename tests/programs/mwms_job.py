@@ -23,6 +23,8 @@ import numpy as np  # noqa: E402
 import psutil  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from kdist.keras_seam import patches as keras_seam  # noqa: E402
+from kdist import global_state  # noqa: E402
+from kdist.exchange import host_rows  # noqa: E402
 from kdist.keras_seam import classes, hooks  # noqa: E402
 from kdist.keras_seam.registry import FIX, Patch, Target  # noqa: E402
 from kdist.keras_seam.versions import version  # noqa: E402
@@ -125,6 +127,12 @@ report["val_accuracy"] = history.history["val_accuracy"]
 report["checkpoint_dir"] = checkpoint.last_written_dir
 report["leftover_temp_dirs"] = glob.glob(os.path.join(
     tempfile.gettempdir(), f"kdist-workertemp-{spec.task_type}-{spec.task_index}-*"))
+# kdist's epoch reports (the replica check, the stragglers' figures) rode the TCP ring: no
+# all-gather of TensorFlow's was traced for them
+kept = global_state.of_strategy(model.distribute_strategy)
+report["host_gathers_traced"] = len(kept.host_gathers)
+report["host_rows"] = host_rows.per_worker(
+    strategy, np.array([spec.task_index, spec.task_index + 0.5]), "test rows").tolist()
 
 # 3. evaluate is exact: every example counted once, matching a local computation on all data.
 dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(GLOBAL_BATCH)
