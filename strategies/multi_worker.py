@@ -18,7 +18,7 @@ ORDERING_RULE = (
 def build(cluster, options: StrategyOptions):
     import tensorflow as tf
 
-    _configure_coordination_service(cluster, options.dead_peer_timeout)
+    _configure_coordination_service(cluster, options.heartbeat_timeout)
     # MWMS replicates over as many GPUs as the resolver counts (every local one by default).
     gpus = None if options.devices is None else replica_gpus(options.devices)
     resolver = cluster.resolver(num_gpus=gpus)
@@ -84,9 +84,9 @@ def replica_gpus(devices) -> int:
     return len(names)
 
 
-def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
-    """Configures TF's coordination service as MultiWorkerMirroredStrategy would, plus a heartbeat
-    timeout derived from `dead_peer_timeout`.
+def _configure_coordination_service(cluster, heartbeat_timeout: float) -> None:
+    """Configures TF's coordination service as MultiWorkerMirroredStrategy would, plus the
+    heartbeat timeout (`StrategyOptions.heartbeat_timeout`, a share of dead_peer_timeout).
 
     In TF 2.16-2.22 MWMS turns its Python peer health check off whenever the coordination service
     runs (the default), and detects a dead or hung peer by the service's heartbeat alone (10 s by
@@ -95,11 +95,4 @@ def _configure_coordination_service(cluster, dead_peer_timeout: float) -> None:
     if cluster.task_type not in ("chief", "worker"):
         return
     tf_internals.configure_coordination_service(cluster.resolver().cluster_spec(),
-                                                heartbeat_timeout(dead_peer_timeout))
-
-
-def heartbeat_timeout(dead_peer_timeout: float) -> float:
-    """Seconds without a heartbeat after which the coordination service declares a task dead: 40%
-    of the bound, leaving the rest for the error to abort the collectives, reach the user's code
-    and end the process (about 3 s on this machine)."""
-    return 0.4 * dead_peer_timeout
+                                                heartbeat_timeout)

@@ -13,6 +13,9 @@ import dataclasses
 from typing import Any, Callable, Sequence
 
 ALL_REDUCE = ("auto", "ring", "nccl", "tcp")
+# The shares of dead_peer_timeout each detector waits (StrategyOptions.heartbeat_timeout,
+# .ring_timeout): every one below the bound, so that the worker fails within it.
+HEARTBEAT_SHARE, RING_SHARE = 0.4, 0.8
 PS_EVALUATION = ("workers", "chief")
 
 
@@ -92,6 +95,24 @@ class StrategyOptions:
                 isinstance(self.dead_peer_timeout, (int, float)) and self.dead_peer_timeout >= 3):
             raise ValueError(f"dead_peer_timeout={self.dead_peer_timeout!r}: use a number of seconds "
                              ">= 3 (TF checks peers with RPCs that need a few seconds)")
+
+    @property
+    def heartbeat_timeout(self) -> float:
+        """Seconds without a heartbeat after which TF's coordination service declares a task
+        dead: 40% of `dead_peer_timeout`, leaving the rest for the error to abort the
+        collectives, reach the user's code and end the process (about 3 s on this machine)."""
+        return HEARTBEAT_SHARE * self.dead_peer_timeout
+
+    @property
+    def ring_timeout(self) -> float:
+        """Seconds kdist's TCP ring waits for a silent peer: `collective_timeout` where set, else
+        80% of `dead_peer_timeout`, the rest being the time to fail the step and end the
+        process within the bound (the whole bound ended 0.9 s past it).
+
+        >>> StrategyOptions(dead_peer_timeout=10).ring_timeout
+        8.0
+        """
+        return self.collective_timeout or RING_SHARE * self.dead_peer_timeout
 
     @classmethod
     def from_kwargs(cls, options: dict[str, Any], also: tuple[str, ...] = (),

@@ -24,9 +24,10 @@ NAMES = sorted(os.path.basename(p)[:-5] for p in glob.glob(os.path.join(RESULTS,
 SETTINGS = {
     "64 bytes": "the alignment at which TF <= 2.21 under Mirrored wrote into a generator's arrays "
                 "(test_mirrored.py builds such arrays)",
-    "40%": "heartbeat timeout of TF's coordination service, as a share of dead_peer_timeout",
+    "40%": "heartbeat timeout of TF's coordination service, as a share of dead_peer_timeout "
+           "(kdist.strategies.options.HEARTBEAT_SHARE)",
     "80%": "the TCP ring's wait for a silent peer, as a share of dead_peer_timeout "
-           "(kdist.exchange.comm.RING_SHARE_OF_DEAD_PEER)",
+           "(kdist.strategies.options.RING_SHARE)",
     "60 s": "the default dead_peer_timeout",
     "6 s": "the dead_peer_timeout the fault-tolerance test sets",
     "600 s": "the default KDIST_CHIEF_START_TIMEOUT",

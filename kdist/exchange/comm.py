@@ -204,11 +204,6 @@ def ring_port() -> int:
     return int(text)
 
 
-# The ring gives up on a silent peer after this share of dead_peer_timeout: the rest is the time
-# to fail the step and end the process within the bound (the whole bound ended 0.9 s past it).
-RING_SHARE_OF_DEAD_PEER = 0.8
-
-
 def tcp_ring(strategy):
     """The TCP ring that sums `strategy`'s gradients (`kdist.strategies.sums_over_tcp`: CPU
     workers by default, or ``all_reduce="tcp"``), else None."""
@@ -219,9 +214,8 @@ def tcp_ring(strategy):
     if kept.ring is None:
         spec = cluster_of(strategy)
         tasks = [(t, i) for t, i in spec.tasks() if t in ("chief", "worker")]
-        timeout = options.collective_timeout or RING_SHARE_OF_DEAD_PEER * options.dead_peer_timeout
         addresses = [spec.address(t, i) for t, i in tasks]
+        names = [f"{t}:{i} ({address})" for (t, i), address in zip(tasks, addresses)]
         kept.ring = _LazyRing(tasks.index((spec.task_type, spec.task_index)), addresses,
-                                 timeout, [f"{t}:{i} ({address})"
-                                           for (t, i), address in zip(tasks, addresses)])
+                              options.ring_timeout, names)
     return kept.ring
