@@ -90,7 +90,7 @@ def run(args) -> int:
           f"{args.compression}")
     print(result.table())
     if result.compression is not None:
-        print(f"compression: {result.compression.verdict(result.requested)}")
+        print(f"compression: {result.compression_verdict()}")
     for warning in result.warnings():
         print(f"warning: {warning}")
     print(f"recommended: {result.reason()}")

@@ -108,6 +108,10 @@ class Plan:
     max_global_batch: int | None = None
     compression: CompressionCost | None = None  # at the requested batch, when compressing
 
+    def compression_verdict(self) -> str | None:
+        """Whether the compression asked for pays at the requested batch (None: none asked)."""
+        return self.compression.verdict(self.requested) if self.compression else None
+
     @property
     def best(self) -> Estimate:
         """The measured batch with the highest throughput."""
@@ -187,8 +191,7 @@ class Plan:
                 "best": self.best.per_replica_batch, "max_global_batch": self.max_global_batch,
                 "reason": self.reason(), "warnings": self.warnings(),
                 "compression_seconds": self.compression.seconds if self.compression else 0.0,
-                "compression": self.compression.verdict(self.requested)
-                if self.compression else None,
+                "compression": self.compression_verdict(),
                 "learning_rate": self.learning_rate_advice(base_batch)}
 
 

@@ -27,8 +27,9 @@ def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, late
 
     routed = wire_bytes(model, compressor, replicas)
     t2 = t2_of(routed)
+    compresses = compressor is not None and replicas > 1  # one replica sends nothing
     compressing = 0.0
-    if compressor is not None and replicas > 1:
+    if compresses:
         progress(f"measuring what {compressor!r} costs this CPU per step")
         compressing = compression_cost(model, compressor, replicas)
     batches = sorted({max(1, per_replica_batch * 2 ** k // 8) for k in range(7)})
@@ -40,7 +41,7 @@ def plan(model_fn, per_replica_batch: int, replicas: int, bandwidth: float, late
         estimates.append(estimate(batch, t1, t2, replicas, overlap, spread, compressing))
     requested = next(e for e in estimates if e.per_replica_batch == per_replica_batch)
     cost = None
-    if compressor is not None and replicas > 1:
+    if compresses:
         plain = estimate(requested.per_replica_batch, requested.t1,
                          t2_of(wire_bytes(model, None, replicas)), replicas, overlap,
                          requested.spread)
