@@ -16,7 +16,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 
 from kdist import envvars, exit_codes
 from kdist.cli import parsing
@@ -117,11 +116,10 @@ def _one_device(command: list, env: dict, timeout: float, folder: str) -> int:
 
 def _stacks_then_kill(process: subprocess.Popen) -> None:
     """Asks the run for its Python stacks (kdist registered the signal in it), then kills it."""
-    from kdist.launch.group import STACKS_SECONDS, STACKS_SIGNAL
+    from kdist.launch.group import ask_for_stacks
 
+    ask_for_stacks([process])
     with contextlib.suppress(ProcessLookupError):
-        process.send_signal(STACKS_SIGNAL)
-        time.sleep(STACKS_SECONDS)
         process.kill()
 
 

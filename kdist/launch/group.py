@@ -130,10 +130,7 @@ class TaskGroup:
         alive = [t for t in tasks if t.poll() is None]
         for task in alive:
             task.stopped_by = because
-            with contextlib.suppress(ProcessLookupError):
-                task.process.send_signal(STACKS_SIGNAL)
-        if alive:
-            time.sleep(STACKS_SECONDS)
+        ask_for_stacks([t.process for t in alive])
 
     def stop(self, tasks: list[TaskRun], because: str) -> None:
         """SIGTERM each task's process group, then SIGKILL what is left after `stop_timeout`;
@@ -259,3 +256,13 @@ def _catches(pid: int, signum: int) -> bool:
     except (OSError, StopIteration):
         return False
     return bool(int(caught, 16) >> (signum - 1) & 1)
+
+
+def ask_for_stacks(processes: list) -> None:
+    """Sends each process `STACKS_SIGNAL` (a program that imported kdist prints the Python
+    stacks of its threads on stderr) and gives them `STACKS_SECONDS` to answer."""
+    for process in processes:
+        with contextlib.suppress(ProcessLookupError):
+            process.send_signal(STACKS_SIGNAL)
+    if processes:
+        time.sleep(STACKS_SECONDS)
