@@ -216,9 +216,9 @@ def _consistent_pydataset_order(iterator, strategy):
         adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
         seed = inputs.shared_seed(connected().cluster_of(strategy))
         epochs = inputs.EpochCount(adapter)
-        iterator._distributed_dataset = _ending_together_by_one_step(
-            iterator, strategy.distribute_datasets_from_function(
-                lambda context: inputs.pydataset_shares(adapter, seed, epochs, context)))
+        iterator._distributed_dataset = _shares_ending_together(
+            iterator, strategy,
+            lambda context: inputs.pydataset_shares(adapter, seed, epochs, context))
 
 
 def _generator_batches_copied(iterator, strategy):
@@ -235,16 +235,18 @@ def _generator_shares_end_together(iterator, strategy):
 
     adapter = iterator.data_adapter
     if isinstance(adapter, classes.resolve("GeneratorDataAdapter")) and is_multi_worker(strategy):
-        iterator._distributed_dataset = _ending_together_by_one_step(
-            iterator, strategy.distribute_datasets_from_function(
-                lambda context: inputs.generator_shares(adapter, context)))
+        iterator._distributed_dataset = _shares_ending_together(
+            iterator, strategy, lambda context: inputs.generator_shares(adapter, context))
 
 
-def _ending_together_by_one_step(iterator, distributed):
-    """`distributed` read without the per-step agreement on the data's end where each call of
-    the step reads one batch, first thing (`tf_internals.ending_together`): the end is then an
-    OutOfRange before any collective of the call. With several steps per execution a later read
-    would end the call halfway, after its first steps' collectives: the agreement stays."""
+def _shares_ending_together(iterator, strategy, shares):
+    """kdist's `shares(context)` (every worker yields one share per replica for every global
+    batch, so all run out at the same step) distributed by `strategy`, read without the per-step
+    agreement on the data's end where each call of the step reads one batch, first thing
+    (`tf_internals.ending_together`): the end is then an OutOfRange before any collective of the
+    call. With several steps per execution a later read would end the call halfway, after its
+    first steps' collectives: the agreement stays."""
+    distributed = strategy.distribute_datasets_from_function(shares)
     if iterator.steps_per_execution != 1:
         return distributed
     return tf_internals.ending_together(distributed)
