@@ -16,15 +16,19 @@ from kdist.exchange.ring import Outputs, Ring, RingError
 
 
 def rings(size, timeout=20.0, generation=0, secrets=None, store=None, errors=None,
-          peek="store"):
+          peek="store", slow_writer=None):
     """`size` connected rings in this process (threads), rendezvous through a dict `store`; each
     member proves `secrets[rank]` (default: one shared secret); failures go to `errors`. A
-    member that breaks the ring writes its cause there too (`peek=None`: it does not)."""
+    member that breaks the ring writes its cause there too (`peek=None`: it does not); what
+    member `slow_writer` writes there takes 0.3 s (a coordination service's RPC from another
+    host, where the others' are local)."""
     store = {} if store is None else store
     changed = threading.Condition()
     secrets = secrets or [b"the job's secret"] * size
 
     def publish(key, value):
+        if slow_writer is not None and key.endswith(f"/broken/{slow_writer}"):
+            time.sleep(0.3)
         with changed:
             store[key] = value
             changed.notify_all()
@@ -148,10 +152,11 @@ def test_a_silent_peer_fails_the_all_reduce_naming_it():
         members[0].all_reduce_sum(np.ones(1000, "float32"))  # worker 1 never joins this one
 
 
-def _stop_member_1_of_3(**ring_options):
-    """Member 1 of 3 stops (its sockets close, as when its process dies) during a collective of
-    members 0 and 2: {rank: (error, when)}, and when it stopped."""
-    members = rings(3, timeout=20.0, **ring_options)
+def _stop_member_1_of_3(close=True, timeout=20.0, **ring_options):
+    """Member 1 of 3 stops (`close`: its sockets close, as when its process dies; else it hangs,
+    never joining the collective) during a collective of members 0 and 2: {rank: (error,
+    when)}, and when it stopped."""
+    members = rings(3, timeout=timeout, **ring_options)
     errors: dict = {}
 
     def sum_on(rank):
@@ -165,7 +170,8 @@ def _stop_member_1_of_3(**ring_options):
         thread.start()
     time.sleep(0.2)
     stopped = time.monotonic()
-    members[1].close()
+    if close:
+        members[1].close()
     for thread in threads:
         thread.join(timeout=30)
     assert set(errors) == {0, 2}, errors
@@ -181,6 +187,17 @@ def test_a_member_that_stops_fails_every_other_member_promptly_naming_it():
     assert re.search(r"^127\.0\.0\.1:9001 (closed|reset) the connection.*\(as 127\.0\.0\.1:9002 "
                      r"found first; it then closed the ring\)$|^sending to 127\.0\.0\.1:9001 "
                      "failed", errors[0][0]), errors[0][0]
+    assert max(at for _, at in errors.values()) - stopped < 5
+
+
+def test_a_hung_member_is_named_by_both_others_though_its_successor_found_it_first():
+    """Member 1 of 3 hangs: member 2 finds it silent first; member 0, waiting for member 2's
+    next chunk, times out a moment later, before member 2's cause is written (its write takes
+    0.3 s here), and waits for that cause instead of naming member 2."""
+    errors, stopped = _stop_member_1_of_3(close=False, timeout=2.0, slow_writer=2)
+    assert re.search(r"^127\.0\.0\.1:9001 sent nothing for 2 s", errors[2][0]), errors[2][0]
+    assert re.search(r"^127\.0\.0\.1:9001 sent nothing for 2 s.*\(as 127\.0\.0\.1:9002 found "
+                     r"first; it then closed the ring\)$", errors[0][0]), errors[0][0]
     assert max(at for _, at in errors.values()) - stopped < 5
 
 

@@ -57,25 +57,38 @@ NONCE_BYTES, PROOF_BYTES = 16, 32
 ACCEPTED, REFUSED = b"\x01", b"\x00"
 HANDSHAKE_SECONDS = 5.0  # for a connection to the listener to prove the secret (side by side)
 TELLING_SECONDS = 1.0  # for a failing member to write its cause before it closes the ring anyway
+SILENCE_GRACE_SECONDS = 0.5  # for what a silent peer writes (`Causes`), in rings of 3 or more
 logger = logging.getLogger("kdist")
 
 
 class RingError(RuntimeError):
-    """A peer of the ring did not answer, or answered wrongly: names it and the fix."""
+    """A peer of the ring did not answer, or answered wrongly: names it and the fix. `silent`:
+    the peer sent nothing for the ring's timeout (it hangs, or waits for one that does)."""
+
+    def __init__(self, message: str, silent: bool = False):
+        super().__init__(message)
+        self.silent = silent
+        self.peer: int | None = None  # the rank of the peer it names, inside a collective
 
 
 class Causes:
-    """Why a ring broke, in the store its members met through (TensorFlow's coordination service):
-    a member whose collective fails writes the cause (`tell`) before it closes its sockets, so a
-    neighbour that then sees its connection close finds it (`heard`) and names the peer that
-    failed first, not the neighbour. A cause found this way is passed on unchanged, along the ring.
+    """Why a ring broke, in the store its members met through (TensorFlow's coordination service).
+
+    A member whose collective fails writes what it saw (`tell`: which peer, and what) before it
+    closes its sockets. A member that then sees its own connection fail follows what the peers
+    wrote from the one it saw fail (`first`): the peer a neighbour names, the peer that one names,
+    and so on, up to the last that wrote nothing, the one that failed first. So every member names
+    a dead peer, not the neighbour that closed on it. A peer found silent may itself wait for a
+    hung one further back, which its own predecessor found silent a moment earlier: where a
+    member's error is a silence, it waits briefly for what that peer writes.
 
     >>> store = {}
     >>> causes = Causes(0, store.__setitem__, store.get)
-    >>> causes.tell(2, "worker:1 closed the connection: the peer stopped")
-    >>> causes.heard([2, 1])
+    >>> causes.tell(2, 1, "worker:1 closed the connection: the peer stopped")
+    >>> causes.tell(0, 2, "worker:2 closed the connection: the peer stopped")
+    >>> causes.first(2)
     (2, 'worker:1 closed the connection: the peer stopped')
-    >>> causes.heard([1]) is None
+    >>> causes.first(1) is None
     True
     """
 
@@ -85,12 +98,12 @@ class Causes:
     def _key(self, rank: int) -> str:
         return f"kdist/ring/{self._generation}/broken/{rank}"
 
-    def tell(self, rank: int, cause: str) -> None:
-        """Writes `rank`'s cause, waiting at most TELLING_SECONDS (a store whose host died may
-        not answer: the ring closes all the same)."""
+    def tell(self, rank: int, peer: int, cause: str) -> None:
+        """Writes that `rank` saw `peer` fail with `cause`, waiting at most TELLING_SECONDS (a
+        store whose host died may not answer: the ring closes all the same)."""
         def write():
             try:
-                self._publish(self._key(rank), cause)
+                self._publish(self._key(rank), f"{peer}\n{cause}")
             except Exception as err:  # noqa: BLE001 (written once already, or the store is gone)
                 logger.debug("kdist: the ring's cause was not written (%s)", err)
 
@@ -98,16 +111,33 @@ class Causes:
         writer.start()
         writer.join(TELLING_SECONDS)
 
-    def heard(self, ranks: list) -> tuple[int, str] | None:
-        """The first of `ranks` that wrote a cause, and the cause; None when none did."""
-        for rank in ranks:
+    def first(self, peer: int, wait: float = 0.0) -> tuple[int, str] | None:
+        """(the member that saw the first failure, what it saw), following what `peer` and the
+        peers after it wrote, each looked for again up to `wait` seconds in all; None when
+        `peer` wrote nothing."""
+        deadline = time.monotonic() + wait
+        found, seen = None, set()
+        while peer not in seen:
+            seen.add(peer)
+            written = self._read(peer, deadline)
+            if written is None:
+                break
+            found = (peer, written[1])
+            peer = written[0]
+        return found
+
+    def _read(self, rank: int, deadline: float) -> tuple[int, str] | None:
+        while True:
             try:
-                cause = self._peek(self._key(rank))
-            except Exception:  # noqa: BLE001 (the store is gone: the member's own error stands)
+                value = self._peek(self._key(rank))
+            except Exception:  # noqa: BLE001 (the store is gone: the member's error stands)
                 return None
-            if cause:
-                return rank, cause
-        return None
+            if value:
+                peer, _, cause = value.partition("\n")
+                return int(peer), cause
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.05)
 
 
 class Pieces:
@@ -292,18 +322,18 @@ class Ring:
                 raise failure from None
 
     def _first_cause(self, error: RingError) -> RingError:
-        """The error to raise for `error`: a neighbour's written cause where one broke the ring
-        first (it closed its sockets after writing it), else `error`, whose cause this member
-        writes for the others before it closes."""
-        if self._causes is None:
+        """The error to raise for `error`: where the peer it names saw another fail first (it
+        wrote so before it closed the ring: `Causes`), that first failure; else `error`. This
+        member writes what it saw, for the others, first."""
+        if self._causes is None or error.peer is None:
             return error
-        previous, successor = (self.rank - 1) % self.size, (self.rank + 1) % self.size
-        heard = self._causes.heard([previous, successor])
-        cause = heard[1] if heard else str(error)
-        self._causes.tell(self.rank, cause)
-        if heard is None:
+        self._causes.tell(self.rank, error.peer, str(error))
+        wait = SILENCE_GRACE_SECONDS if error.silent and self.size > 2 else 0.0
+        first = self._causes.first(error.peer, wait)
+        if first is None:
             return error
-        return RingError(f"{cause} (as {self.names[heard[0]]} found first; it then closed the "
+        witness, cause = first
+        return RingError(f"{cause} (as {self.names[witness]} found first; it then closed the "
                          "ring)")
 
     def _sum_into(self, inputs: "Pieces", outputs: "Pieces") -> None:
@@ -335,11 +365,17 @@ class Ring:
     def _exchange(self, outgoing: list, incoming: list) -> None:
         """Sends the arrays `outgoing` to the successor while receiving `incoming` from the
         predecessor (in order: one stream of bytes)."""
+        previous, successor = (self.rank - 1) % self.size, (self.rank + 1) % self.size
         self._sends.put(outgoing)
-        for view in incoming:
-            _receive_into(self._previous, _bytes(view), self.names[(self.rank - 1) % self.size])
+        try:
+            for view in incoming:
+                _receive_into(self._previous, _bytes(view), self.names[previous])
+        except RingError as error:
+            error.peer = previous
+            raise
         failure = self._sent.get()
         if failure is not None:
+            failure.peer = successor
             raise failure
 
     def _sender(self) -> None:
@@ -565,7 +601,7 @@ def _receive_into(sock: socket.socket, view: memoryview, name: str) -> None:
             count = sock.recv_into(view[filled:])
         except socket.timeout:
             raise RingError(f"{name} sent nothing for {sock.gettimeout():g} s: the peer died or "
-                            "hangs (dead_peer_timeout)") from None
+                            "hangs (dead_peer_timeout)", silent=True) from None
         except OSError as err:  # a reset: the peer's process ended
             raise RingError(f"{name} reset the connection ({err.strerror or err}): the peer "
                             "stopped") from None
