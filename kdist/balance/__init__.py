@@ -27,7 +27,7 @@ kdist.validators.UsageError: balance: [3, 1] gives 2 shares for 1 replica. Fix: 
 """
 
 from kdist import model_state
-from kdist.balance.plan import Balance
+from kdist.balance.shares import Balance
 from kdist.balance.split import split_sizes
 
 

@@ -52,7 +52,7 @@ class Exchange:
         self.optimizer = optimizer
         self.aggregate_every = options.aggregate_every
         # Keras's own gradient_accumulation_steps, run in phases under several replicas
-        # (kdist.keras_seam.one_device): Keras accumulates, the phase says when it applies.
+        # (kdist.keras_seam.one_device_fixes): Keras accumulates, the phase says when it applies.
         self.keras_accumulation = keras_accumulation
         self.bucket_bytes = options.bucket_bytes  # None: one batch, as Keras
         self.balanced = options.balance is not None

@@ -13,7 +13,7 @@ import contextvars
 import functools
 
 from kdist import global_state
-from kdist.keras_seam import inputs, keras_internals, one_device, tf_internals, versions
+from kdist.keras_seam import inputs, keras_internals, one_device_fixes, tf_internals, versions
 from kdist.keras_seam.callbacks import FILE_CALLBACKS
 from kdist.keras_seam.hooks import connected
 from kdist.keras_seam.registry import FIX, Patch, Target
@@ -621,44 +621,47 @@ FIXES = [
               "path (HDF5 lock errors, files written over each other), and a crash or a full "
               "disk leaves a truncated file in place of the last good one"),
     Patch("batch_norm_statistics_averaged", FIX,
-          {Target("BatchNormalization", "build"): one_device._statistics_averaged},
+          {Target("BatchNormalization", "build"): one_device_fixes._statistics_averaged},
           upstream="none filed for Keras 3 (tf.keras 2 created them with aggregation MEAN); "
-                   "see kdist/keras_seam/one_device.py",
+                   "see kdist/keras_seam/one_device_fixes.py",
           why="BatchNormalization's moving mean and variance differ between replicas and "
               "workers: each updates its own copy from its own part of the batch"),
     Patch("clip_after_all_reduce", FIX,
-          {Target("BaseOptimizer", "_clip_gradients"): one_device._clip_deferred,
-           Target("TFOptimizer", "_all_reduce_sum_gradients"): one_device._clip_summed},
+          {Target("BaseOptimizer", "_clip_gradients"): one_device_fixes._clip_deferred,
+           Target("TFOptimizer", "_all_reduce_sum_gradients"): one_device_fixes._clip_summed},
           upstream="none filed for Keras 3 (tensorflow/tensorflow#33929 for tf.keras)",
           around_hooks=True,
           why="clipnorm, global_clipnorm and clipvalue clip each replica's part of the gradient "
               "before the sum, not the summed gradient one device clips"),
     Patch("loss_value_per_replica", FIX,
-          {Target("loss module", "scale_loss_for_distribution"): one_device._scale_gradient_only,
-           Target("loss module", "unscale_loss_for_distribution"): one_device._unscaled_already},
+          {Target("loss module", "scale_loss_for_distribution"):
+           one_device_fixes._scale_gradient_only,
+           Target("loss module", "unscale_loss_for_distribution"):
+           one_device_fixes._unscaled_already},
           upstream="keras-team/keras#16285 (tf.keras), unfixed in Keras 3",
           keras_versions=("3.8.0", versions.KERAS_RANGE[1]),
           why="a custom train_step's loss (compute_loss, a loss object) is 1/N of one device's, "
               "so its tracker, fit's logs and evaluate report 1/N of the loss"),
     Patch("gradient_accumulation_in_phases", FIX,
           {Target("BaseOptimizer", "_backend_apply_gradients"):
-           one_device._accumulation_in_phases},
+           one_device_fixes._accumulation_in_phases},
           upstream="keras-team/keras#20582",
           why="gradient_accumulation_steps under Mirrored strategies crashes: the all-reduce "
               "sits inside a cond"),
     Patch("loss_scale_finite_on_every_replica", FIX,
-          {Target("LossScaleOptimizer", "check_finite"): one_device._finite_everywhere},
+          {Target("LossScaleOptimizer", "check_finite"): one_device_fixes._finite_everywhere},
           upstream="none filed (Keras's comment assumes the gradients are already summed); see "
-                   "kdist/keras_seam/one_device.py",
+                   "kdist/keras_seam/one_device_fixes.py",
           why="mixed precision under several replicas applies a step whose summed gradient "
               "holds inf: each replica checks only its own part, the first one decides"),
     Patch("step_models_under_strategies", FIX,
-          {Target("BaseTrainer", "_symbolic_build"): one_device._step_model_built,
-           Target("BaseOptimizer", "apply"): one_device._built_across_replicas},
+          {Target("BaseTrainer", "_symbolic_build"): one_device_fixes._step_model_built,
+           Target("BaseOptimizer", "apply"): one_device_fixes._built_across_replicas},
           upstream="keras-team/keras#20164",
           why="a model that is only a train_step over sub-models (keras.io's GAN) cannot be "
               "built under a strategy, and an optimizer first used inside the step fails"),
-    Patch("keras2_names", FIX, {Target("utils module", "experimental"): one_device._keras2_names},
+    Patch("keras2_names", FIX,
+          {Target("utils module", "experimental"): one_device_fixes._keras2_names},
           upstream="none: Keras 3 dropped tf.keras's keras.utils.experimental",
           why="the parameter-server tutorial's DatasetCreator raises a bare AttributeError; kdist "
               "says what to write in Keras 3"),

@@ -159,7 +159,7 @@ def _weighs_examples(model) -> bool:
 
 def _accumulation_in_phases(model) -> int | None:
     """Keras's `gradient_accumulation_steps` when `model` trains on several synchronous replicas,
-    where kdist runs it in phases (`kdist.keras_seam.one_device`); None otherwise."""
+    where kdist runs it in phases (`kdist.keras_seam.one_device_fixes`); None otherwise."""
     optimizer, strategy = model.optimizer, model.distribute_strategy
     steps = getattr(optimizer, "gradient_accumulation_steps", None)
     if not steps or strategy.num_replicas_in_sync == 1 or is_parameter_server(strategy):

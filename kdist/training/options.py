@@ -32,7 +32,7 @@ import contextvars
 import dataclasses
 
 from kdist import strategies, validators
-from kdist.balance.plan import Balance
+from kdist.balance.shares import Balance
 from kdist.compression.base import Compressor, NoCompression
 from kdist.compression.registry import from_name, spelled
 from kdist.ps.sync import SyncMode

@@ -155,7 +155,7 @@ def _furthest(out, mode, idiom) -> float:
 
 
 def test_the_upstream_bugs_still_need_kdists_fixes(runs):
-    """Regression evidence for the fixes of kdist/keras_seam/one_device.py: with them removed,
+    """Regression evidence for the fixes of kdist/keras_seam/one_device_fixes.py: with them removed,
     Keras as shipped still breaks each idiom under 2 replicas. When one of these passes, upstream
     fixed the bug: give the fix its fixed_in."""
     upstream, one = report(runs, "upstream"), report(runs, "one_device")

@@ -43,7 +43,7 @@ LABELS = (X[:, 0] + X[:, 1] > 0).astype("int32")
 NOISE = rng.normal(size=(64, 4)).astype("float32")  # a GAN's and a VAE's randomness, as data
 
 
-# The fixes the upstream mode removes (kdist/keras_seam/one_device.py), and the idioms that show
+# The fixes the upstream mode removes (kdist/keras_seam/one_device_fixes.py), and the idioms that show
 # each bug.
 UPSTREAM_FIXES = ("batch_norm_statistics_averaged", "clip_after_all_reduce",
                   "loss_value_per_replica", "gradient_accumulation_in_phases",

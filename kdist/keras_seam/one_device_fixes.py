@@ -1,5 +1,5 @@
 """The upstream bugs that make N synchronous replicas train differently from one device with the
-global batch, each a `Fix` registered in `kdist.keras_seam.fixes.FIXES`.
+global batch, each a `Patch` of kind `FIX` registered in `kdist.keras_seam.fixes.FIXES`.
 
 The promise of synchronous data parallelism is that N replicas with batch b are one device with
 batch N x b. Keras 3 on tf.distribute breaks it in four places (measured with TF 2.21 / Keras 3.15
