@@ -8,7 +8,7 @@ The checks, in the order a job meets them:
 - **ports**: this task's own port is free to listen on, and each peer's port answers (a peer not
   started yet is a warning: run the doctor again once the job runs);
 - **versions**: TensorFlow and Keras against the range kdist supports, and the workarounds
-  `kdist.scope()` installs (`kdist.keras_seam.doctor`);
+  `kdist.scope()` installs (`kdist.keras_seam.stack_report`);
 - **gpu**: where the machine has an NVIDIA GPU (``/dev/nvidia0``), TensorFlow must see it;
 - **keras**: a warning when both ``keras`` and ``keras-nightly`` are installed.
 
@@ -32,7 +32,7 @@ from kdist.cluster import environment, slurm
 from kdist.cluster.addresses import host_of
 from kdist.cluster.spec import ClusterSpecError
 from kdist.cluster.spec_file import load_spec
-from kdist.keras_seam.doctor import report
+from kdist.keras_seam.stack_report import report
 from kdist.launch.group import is_tf_noise
 from kdist.validators import UsageError
 

@@ -1,6 +1,7 @@
-"""`kdist doctor`: is this Python environment a stack kdist supports, and what will kdist patch?
+"""The running stack against the range kdist supports, and what kdist will patch on it (shown by
+`kdist doctor`).
 
->>> from kdist.keras_seam.doctor import report
+>>> from kdist.keras_seam.stack_report import report
 >>> lines, supported = report()
 >>> supported, lines[0].startswith("kdist ")
 (True, True)
