@@ -1,6 +1,7 @@
 """The default strategy: one process, one device (TensorFlow's default strategy, or one named device)."""
 
-from kdist.strategies.options import StrategyOptions, local_devices
+from kdist.devices import local_devices
+from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"devices"})
 

@@ -1,6 +1,7 @@
 """MirroredStrategy: synchronous data parallelism over the devices of one process."""
 
-from kdist.strategies.options import StrategyOptions, local_devices
+from kdist.devices import local_devices
+from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"devices", "all_reduce"})
 

@@ -1,9 +1,10 @@
 """MultiWorkerMirroredStrategy: synchronous data parallelism across worker processes (collectives)."""
 
 from kdist import startup
+from kdist.devices import canonical_name
 from kdist.keras_seam import strategy_kinds, tf_internals
 from kdist.strategies import registry
-from kdist.strategies.options import StrategyOptions, canonical_name
+from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout",
                      "devices", "startup_timeout"})

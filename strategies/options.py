@@ -10,7 +10,7 @@ from __future__ import annotations
 from kdist import validators
 
 import dataclasses
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 ALL_REDUCE = ("auto", "ring", "nccl", "tcp")
 # The shares of dead_peer_timeout each detector waits (StrategyOptions.heartbeat_timeout,
@@ -145,26 +145,3 @@ class StrategyOptions:
         return tf.distribute.experimental.CommunicationOptions(
             bytes_per_pack=self.bytes_per_pack, timeout_seconds=self.collective_timeout,
             implementation=implementation)
-
-
-def local_devices(requested: Sequence[str] | None) -> list[str]:
-    """The devices a single-worker strategy replicates over, checked to exist."""
-    import tensorflow as tf
-
-    if requested is None:
-        gpus = tf.config.list_logical_devices("GPU")
-        return [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
-    known = {canonical_name(d.name) for d in tf.config.list_logical_devices()}
-    missing = [d for d in requested if canonical_name(d) not in known]
-    if missing:
-        raise ValueError(f"devices: {missing[0]!r} does not exist on this machine; the logical devices "
-                         f"are {sorted(known)}. Split the CPU with kdist.split_cpu(n) before TF starts, "
-                         "or name existing devices")
-    return list(requested)
-
-
-def canonical_name(name: str) -> str:
-    """'/cpu:0' and '/job:localhost/replica:0/task:0/device:CPU:0' -> 'CPU:0'."""
-    tail = name.split("/")[-1]
-    kind, _, index = tail.replace("device:", "").rpartition(":")
-    return f"{kind.upper()}:{index}"

@@ -27,7 +27,7 @@ from keras import ops
 
 from kdist.layers import mappings
 from kdist.layers.sharding import DenseOptions, add_shards, pieces_like, split_sizes
-from kdist.strategies.options import local_devices
+from kdist.devices import local_devices
 
 PARTITIONS = ("column", "row")
 

@@ -25,7 +25,7 @@ from keras import ops
 from kdist.layers import mappings
 from kdist.layers.model_parallel import PARTITIONS, default_devices
 from kdist.layers.sharding import add_shards, pieces_like, split_sizes
-from kdist.strategies.options import local_devices
+from kdist.devices import local_devices
 
 _OPTIONS = ("embeddings_initializer", "embeddings_regularizer", "embeddings_constraint")
 
