@@ -4,6 +4,7 @@ global batch, with every replica and worker holding the same variables; what can
 device (random masks, per-replica batch statistics) still agrees across replicas, and what
 cannot run is refused with the reason."""
 
+import concurrent.futures
 import json
 import os
 import re
@@ -53,10 +54,14 @@ UPSTREAM = ("batchnorm", "clipnorm_sgd", "global_clipnorm_sgd", "clipvalue_sgd",
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     out = tmp_path_factory.mktemp("idioms")
-    for mode in ("one_device", "mirrored", "upstream"):
-        result = run_python([PROGRAM, mode, str(out), *([",".join(UPSTREAM)] if mode ==
-                                                        "upstream" else [])], timeout=240)
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    def run(mode):  # each mode alone in its process, the three side by side (no timing here)
+        return run_python([PROGRAM, mode, str(out), *([",".join(UPSTREAM)] if mode ==
+                                                      "upstream" else [])], timeout=360)
+
+    with concurrent.futures.ThreadPoolExecutor(3) as pool:
+        for result in pool.map(run, ("one_device", "mirrored", "upstream")):
+            assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     result = run_kdist(["launch", "--workers", "2", "--timeout", "300", "--", sys.executable,
                         PROGRAM, "multi_worker", str(out)], timeout=330)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
