@@ -111,16 +111,23 @@ class Causes:
         writer.start()
         writer.join(TELLING_SECONDS)
 
-    def first(self, peer: int, wait: float = 0.0) -> tuple[int, str] | None:
+    def first(self, peer: int, wait: float = 0.0, me: int | None = None) -> tuple[int, str] | None:
         """(the member that saw the first failure, what it saw), following what `peer` and the
         peers after it wrote, each looked for again up to `wait` seconds in all; None when
-        `peer` wrote nothing."""
+        `peer` wrote nothing, or wrote that `me` failed (two members that lost each other: each
+        keeps its own error).
+
+        >>> store = {}
+        >>> Causes(0, store.__setitem__, store.get).tell(1, 0, "worker:0 sent nothing")
+        >>> Causes(0, store.__setitem__, store.get).first(1, me=0) is None
+        True
+        """
         deadline = time.monotonic() + wait
-        found, seen = None, set()
+        found, seen = None, {me}
         while peer not in seen:
             seen.add(peer)
             written = self._read(peer, deadline)
-            if written is None:
+            if written is None or written[0] == me:
                 break
             found = (peer, written[1])
             peer = written[0]
@@ -329,7 +336,7 @@ class Ring:
             return error
         self._causes.tell(self.rank, error.peer, str(error))
         wait = SILENCE_GRACE_SECONDS if error.silent and self.size > 2 else 0.0
-        first = self._causes.first(error.peer, wait)
+        first = self._causes.first(error.peer, wait, me=self.rank)
         if first is None:
             return error
         witness, cause = first
