@@ -33,7 +33,7 @@ import sys
 import time
 import traceback
 
-from kdist import envvars, safe_files
+from kdist import envvars, lost_peers, safe_files
 from kdist.cluster import cluster
 
 STACKS_SIGNAL = signal.SIGUSR1  # kdist.launch.group asks a launched task for its stacks with it
@@ -48,7 +48,7 @@ def record_of(error: BaseException, task: str | None = None) -> dict:
     message = str(error)
     return {"task": task or _task(), "pid": os.getpid(), "time": time.time(),
             "type": type(error).__name__, "message": message[:2000],
-            "headline": headline(type(error).__name__, message)[:1000],
+            "headline": _headline(type(error).__name__, message)[:1000],
             "traceback": "".join(trace).splitlines()[-40:]}
 
 
@@ -65,6 +65,15 @@ def headline(kind: str, message: str) -> str:
         lines = [line for line in lines[1:] if line.strip() and not line[0].isspace()
                  and not line.startswith("Detected at node")] or lines
     return f"{kind}: {lines[0]}" if lines else kind
+
+
+def _headline(kind: str, message: str) -> str:
+    """The headline, naming the peer where TensorFlow reports one lost (`kdist.lost_peers`)."""
+    try:
+        lost = lost_peers.explain(message, cluster())
+    except Exception:  # noqa: BLE001 (a bad TF_CONFIG is the error being reported, maybe)
+        lost = None
+    return f"{kind}: {lost}" if lost else headline(kind, message)
 
 
 def install() -> None:

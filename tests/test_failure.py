@@ -94,3 +94,23 @@ def _containers(value):
     elif isinstance(value, list):
         for child in value:
             yield from _containers(child)
+
+
+@pytest.mark.parametrize("message, named", [
+    ("Collective ops is aborted by: The following tasks are unhealthy (stopped sending "
+     "heartbeats):\n/job:worker/replica:0/task:1\n/job:worker/replica:0/task:2\nThe tasks have "
+     "crashed.", "worker:1 (10.0.0.2:2222), worker:2 (10.0.0.3:2222) each stopped sending"),
+    ("Task /job:worker/replica:0/task:2 heartbeat timeout. This indicates that the remote task "
+     "has failed", "worker:2 (10.0.0.3:2222) stopped sending"),
+    ("Deadline Exceeded\nRPC: /xla.coordination.CoordinationService/Heartbeat",
+     "worker:0 (10.0.0.1:2222), which runs TensorFlow's coordination service, stopped")],
+    ids=["two unhealthy (TF 2.17-2.22)", "heartbeat timeout", "the service lost (TF 2.22)"])
+def test_a_lost_peer_is_named_on_the_records_first_line(monkeypatch, message, named):
+    """TensorFlow names a lost task on the line under its error, as /job:worker/replica:0/task:N
+    (its messages on TF 2.17-2.22), or only the heartbeat's RPC; the headline says which task."""
+    tf_config = {"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.3:2222"]},
+                 "task": {"type": "worker", "index": 1 if "RPC" in message else 0}}
+    monkeypatch.setenv("TF_CONFIG", json.dumps(tf_config))
+    record = failure.record_of(RuntimeError(message))
+    assert record["headline"].startswith(f"RuntimeError: {named}"), record["headline"]
+    assert record["message"] == message

@@ -171,6 +171,57 @@ def test_a_dead_peer_of_the_default_tcp_ring_fails_every_member_naming_it(tmp_pa
         print(f"worker:{i}: {named.group(0)}")
 
 
+def test_a_machine_whose_network_stops_is_named_first_in_both_summaries(netns, tmp_path):
+    """Two emulated machines (network namespaces), one worker each, train; then every packet of
+    machine B is lost (its switch port fails: its sockets stay open, nothing says so). Both
+    launches end within the bound, and each summary's first failure names the other side by task
+    and address: A's says worker:1 stopped, B's that worker:0 (which runs TensorFlow's
+    coordination service) stopped answering. TF's own messages name a task on the line below,
+    or only the heartbeat's RPC."""
+    from kdist.k8s import netlab
+
+    bound = 10
+    hosts = ["machine-a.test", "machine-b.test"]
+    with netlab.Network(hosts) as lab:
+        spec = tmp_path / "two-machines.json"
+        spec.write_text(json.dumps({"cluster": {"worker": [
+            f"{lab.addresses[host]}:2222" for host in hosts]}}))
+        launches = {host: subprocess.Popen(
+            lab.exec_prefix(host) + [sys.executable, "-m", "kdist", "launch", "--spec", str(spec),
+                                     "--timeout", str(round(scaled(200))), "--", sys.executable,
+                                     FAULT_JOB, str(tmp_path), "--epochs", "100", "--shuffle",
+                                     "--dead-peer-timeout", str(bound)],
+            cwd=ROOT, env={**os.environ, **QUIET_TF}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True) for host in hosts}
+        try:
+            deadline = time.monotonic() + scaled(120)
+            while len(trained(tmp_path, "worker:1")) < 20 and time.monotonic() < deadline:
+                assert all(p.poll() is None for p in launches.values()), "a launch ended early"
+                time.sleep(0.2)
+            assert len(trained(tmp_path, "worker:1")) >= 20, "the two machines never trained"
+            lab.cut("machine-b.test")
+            cut = time.monotonic()
+            outputs = {h: p.communicate(timeout=scaled(120))[0] for h, p in launches.items()}
+            ended = time.monotonic() - cut
+        finally:
+            for process in launches.values():
+                process.kill()
+                process.wait()
+    print(f"both launches ended {ended:.1f} s after the cut")
+    assert ended < scaled(bound + 15), outputs  # the bound, then the launcher's summary
+    a, b = outputs["machine-a.test"], outputs["machine-b.test"]
+    assert re.search(r"first failure: worker-0 at [\d.]+ s: raised \w+: worker:1 "
+                     r"\(10\.213\.0\.2:\d+\) (stopped|sent nothing)", a), a[-4000:]
+    assert re.search(r"first failure: worker-1 at [\d.]+ s: raised \w+: worker:0 "
+                     r"\(10\.213\.0\.1:\d+\)(, which runs| sent nothing)", b), b[-4000:]
+
+
+def trained(out, task):
+    """The steps `task` of fault_job has trained so far (none before its first)."""
+    path = os.path.join(out, f"steps-{task}.jsonl")
+    return open(path).read().splitlines() if os.path.exists(path) else []
+
+
 def test_dead_peer_bound_sets_the_coordination_services_heartbeat():
     """In a fresh process: kdist configures TF's coordination service before MWMS does, with the
     heartbeat timeout derived from dead_peer_timeout (MWMS then keeps that configuration)."""

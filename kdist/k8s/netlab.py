@@ -145,6 +145,11 @@ class Network:
                 task.kill()
                 task.wait()
 
+    def cut(self, host: str) -> None:
+        """From now on every packet to and from `host` is lost, silently, as behind a failed
+        switch port: its link leaves the switch, and its sockets stay open."""
+        _ip("-n", self.switch, "link", "set", f"p{self.hosts.index(host)}", "nomaster")
+
     def close(self) -> None:
         """Deletes every namespace this network made (killing what still runs in them)."""
         for namespace in reversed(self._made):
