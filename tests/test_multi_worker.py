@@ -219,6 +219,17 @@ def test_kdists_epoch_reports_ride_the_ring_not_a_traced_all_gather(job):
         assert report["host_rows"] == [[0.0, 0.5], [1.0, 1.5]]
 
 
+def test_topks_payloads_ride_the_ring_not_tensorflows_all_gather(job):
+    """TopK(0.1) sends each kernel's largest entries and their indices, which every worker
+    gathers: over kdist's TCP ring where it sums the gradients (one collective per dtype: the
+    values, the indices), so the step holds no all-gather of TensorFlow's, whose gRPC
+    collectives cost several times the ring's time on the same bytes."""
+    for report in job["reports"].values():
+        ops = report["topk_step_ops"]
+        assert ops["TopKV2"] >= 2 and ops.get("CollectiveGatherV2", 0) == 0, ops  # 2 kernels
+        assert ops["PyFunc"] >= 3, ops  # the dense sums, TopK's values, its indices (per graph)
+
+
 def test_tf_servers_listen_on_their_tf_config_ports(job):
     """TF's gRPC server binds its port on every interface (grpc_server_lib.cc hard-codes 0.0.0.0);
     kdist can only hand it loopback addresses. This documents that, and fails if TF changes."""

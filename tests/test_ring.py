@@ -126,6 +126,37 @@ def test_a_list_sums_as_its_concatenation_would_leaving_the_inputs_alone():
         member.close()
 
 
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_every_worker_gathers_every_workers_arrays_in_worker_order(size):
+    """TopK's payloads (values and int32 indices) ride the ring's all-gather: every worker gets
+    each worker's arrays bit for bit, stacked in worker order, an empty one and one of a single
+    element included; the inputs are untouched, the results aligned for TensorFlow."""
+    import ml_dtypes  # noqa: F401  (bfloat16 in NumPy, as TensorFlow hands it over)
+
+    members = rings(size)
+    rng = np.random.default_rng(size)
+    for dtype in ("float32", "bfloat16", "int32"):
+        shapes = [(7,), (0,), (1,), (1000, 3)]
+        lists = [[(rng.normal(size=s) * 100).astype(dtype) for s in shapes] for _ in members]
+        kept = [[a.copy() for a in arrays] for arrays in lists]
+        results = [None] * size
+        threads = [threading.Thread(target=lambda r=r: results.__setitem__(
+            r, members[r].all_gather(lists[r]))) for r in range(size)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        for rank, gathered in enumerate(results):
+            assert [g.shape for g in gathered] == [(size, *s) for s in shapes]
+            for k in range(len(shapes)):
+                expected = np.stack([lists[r][k] for r in range(size)])
+                assert np.array_equal(gathered[k].view(np.uint8), expected.view(np.uint8))
+            assert all(np.array_equal(a, b) for a, b in zip(lists[rank], kept[rank]))
+            assert all(g.ctypes.data % 64 == 0 for g in gathered if g.size)
+    for member in members:
+        member.close()
+
+
 def test_the_sums_arrays_are_reused_only_once_nobody_holds_them_or_a_view():
     """A step's sums go to TensorFlow without a copy, then come back to the ring for the next
     step (new pages cost a fault each): never while TensorFlow's tensor of one, or a view of

@@ -29,8 +29,8 @@ from kdist.strategies.registry import options_of
 class Comm:
     """The collectives of the current replica context, batched over lists of tensors, and the
     optimizer step they serve (`step`, a tensor). Where kdist's TCP ring sums the gradients
-    (`tcp_ring`: CPU workers by default), the sums on the replica's device go through it
-    (`kdist.exchange.ring`) instead of TensorFlow's collectives."""
+    (`tcp_ring`: CPU workers by default), the sums and all-gathers on the replica's device go
+    through it (`kdist.exchange.ring`) instead of TensorFlow's collectives."""
 
     def __init__(self, replica_context, step):
         self._context = replica_context
@@ -72,11 +72,34 @@ class Comm:
 
     def _ring_sum(self, tensors: list) -> list:
         """`tensors` summed by the TCP ring: one collective per dtype, of its tensors as one
-        buffer (not packed into one: no copy in, none out), in the order they are issued on
-        every worker."""
+        buffer (not packed into one: no copy in, none out)."""
+        def shaped(total, tensor):
+            total.set_shape(tensor.shape)
+            return total
+
+        return self._over_ring(tensors, self._ring.all_reduce_sums, shaped)
+
+    def all_gather(self, tensors: list) -> list:
+        """Concatenates every replica's tensor along axis 0, in replica order: over the TCP
+        ring where it sums the gradients (static shapes, the same on every worker: one replica
+        each), else TensorFlow's all-gather."""
         import tensorflow as tf
 
-        summed = [None] * len(tensors)
+        if not tensors:
+            return []
+        if self._ring is None:
+            return self._context.all_gather(list(tensors), axis=0)
+        size = self._ring.size
+        return self._over_ring(list(tensors), self._ring.all_gather, lambda rows, tensor: (
+            tf.reshape(rows, [size * tensor.shape[0], *tensor.shape[1:]])))
+
+    def _over_ring(self, tensors: list, collective, finish) -> list:
+        """`collective` (a ring method on NumPy arrays of one dtype) over `tensors`, one call per
+        dtype, in the order they are issued on every worker; `finish(result, tensor)` shapes
+        each result."""
+        import tensorflow as tf
+
+        results = [None] * len(tensors)
         by_dtype: dict = {}
         for k, tensor in enumerate(tensors):
             by_dtype.setdefault(tensor.dtype, []).append(k)
@@ -84,20 +107,12 @@ class Comm:
             # Every worker runs TensorFlow's collectives of this step before the ring's: one
             # order on every worker, so neither waits for a peer that waits for it.
             with tf.control_dependencies(self._ring.issued() + self._before_ring):
-                totals = tf.numpy_function(self._ring.all_reduce_sums,
-                                           [tensors[k] for k in positions],
-                                           [dtype] * len(positions), stateful=True)
-            self._ring.issue(totals[0])
-            for k, total in zip(positions, totals):
-                total.set_shape(tensors[k].shape)
-                summed[k] = total
-        return summed
-
-    def all_gather(self, tensors: list) -> list:
-        """Concatenates every replica's tensor along axis 0, in replica order."""
-        if not tensors:
-            return []
-        return self._context.all_gather(list(tensors), axis=0)
+                outputs = tf.numpy_function(collective, [tensors[k] for k in positions],
+                                            [dtype] * len(positions), stateful=True)
+            self._ring.issue(outputs[0])
+            for k, output in zip(positions, outputs):
+                results[k] = finish(output, tensors[k])
+        return results
 
 
 def scalar_means(strategy, values: list, ring_allowed: bool = True) -> list:
@@ -165,6 +180,14 @@ class _LazyRing:
 
     def all_reduce_sums(self, *arrays):
         """The sums of `arrays` over the workers (`Ring.all_reduce_sums`), connecting first."""
+        return self._connected().all_reduce_sums(list(arrays))
+
+    def all_gather(self, *arrays):
+        """Every worker's `arrays`, stacked in worker order (`Ring.all_gather`), connecting
+        first."""
+        return self._connected().all_gather(list(arrays))
+
+    def _connected(self):
         if self._ring is None:
             from kdist.exchange.ring import Ring
 
@@ -173,7 +196,7 @@ class _LazyRing:
                                       self.timeout, secret=job_secret(self.rank, lookup),
                                       port=ring_port(), names=self.names,
                                       peek=tf_internals.peek_job_key)
-        return self._ring.all_reduce_sums(list(arrays))
+        return self._ring
 
 
 def job_secret(rank: int, lookup) -> bytes:

@@ -10,12 +10,13 @@ at once (a sender thread beside the receiving one; both release the GIL, as NumP
 
 Every worker ends with the same sum, bit for bit (each chunk is summed once, in ring order, and
 copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gradient sums here
-by default on CPU workers (`kdist.strategies.sums_over_tcp`); the rendezvous (each worker's
-listening address) goes through TensorFlow's coordination service, and a peer silent for
-`timeout` seconds fails the step with an error naming it instead of a hang; a member whose
-collective fails closes the ring, so that the others fail at once too, and first writes why in the
-same store (`Causes`): a neighbour that sees it close reports that cause, the dead peer, and not
-the member that closed on it.
+by default on CPU workers (`kdist.strategies.sums_over_tcp`), and its all-gathers (TopK's
+payloads) to the ring's `all_gather`; the rendezvous (each worker's listening address) goes
+through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the
+step with an error naming it instead of a hang; a member whose collective fails closes the ring,
+so that the others fail at once too, and first writes why in the same store (`Causes`): a
+neighbour that sees it close reports that cause, the dead peer, and not the member that closed
+on it.
 
 Who may join: each worker listens on every interface, on `port` (``KDIST_RING_PORT`` on
 Kubernetes, where the NetworkPolicy admits it from the job's own pods) or an ephemeral one, only
@@ -236,7 +237,7 @@ class Ring:
         self._sent: queue.Queue = queue.Queue()
         self._scratch = np.empty(0, np.uint8)
         self._outputs = Outputs()
-        self._lock = threading.RLock()  # all_reduce_sums takes its outputs under it too
+        self._lock = threading.RLock()  # the collectives take their outputs under it too
         if size > 1:
             threading.Thread(target=self._sender, name="kdist-ring-sender", daemon=True).start()
 
@@ -314,6 +315,34 @@ class Ring:
             self._sum([a.reshape(-1) for a in inputs], [o.reshape(-1) for o in outputs])
         return outputs
 
+    def all_gather(self, arrays: list) -> list:
+        """Every worker's `arrays` (one dtype; the same shapes on every worker), each stacked in
+        worker order along a new first axis, in one collective: each worker's own travel once
+        round the ring (size - 1 steps, as the all-reduce's second half passes the summed
+        chunks), so each worker receives the others' bytes once and sums nothing. Written into
+        arrays aligned for TensorFlow, as `all_reduce_sums`' are.
+
+        >>> ring = Ring(0, 1, None, None, ["me"])
+        >>> [a.tolist() for a in ring.all_gather([np.arange(2, dtype="int32")])]
+        [[[0, 1]]]
+        """
+        inputs = [np.ascontiguousarray(a) for a in arrays]
+        with self._lock:  # one collective at a time, in the order the workers issue them
+            outputs = self._outputs.take([((self.size, *a.shape), a.dtype) for a in inputs])
+            for source, target in zip(inputs, outputs):
+                target[self.rank] = source
+            if self.size > 1 and sum(a.size for a in inputs):
+                self._collective(lambda: self._pass_rows(outputs))
+        return outputs
+
+    def _pass_rows(self, outputs: list) -> None:
+        """Step s sends the row received in step s - 1 (first this worker's own) to the
+        successor and receives the predecessor's next one."""
+        rows = [[o[r].reshape(-1) for o in outputs] for r in range(self.size)]
+        for step in range(self.size - 1):
+            self._exchange(rows[(self.rank - step) % self.size],
+                           rows[(self.rank - step - 1) % self.size])
+
     def _sum(self, inputs: list, outputs: list) -> None:
         with self._lock:  # one collective at a time, in the order the workers issue them
             if self.size == 1 or sum(a.size for a in inputs) == 0:
@@ -321,12 +350,17 @@ class Ring:
                     if target is not source:
                         target[...] = source
                 return
-            try:
-                self._sum_into(Pieces(inputs), Pieces(outputs))
-            except RingError as error:
-                failure = self._first_cause(error)
-                self.close()  # the ring is broken: its other members learn it now, not at timeout
-                raise failure from None
+            self._collective(lambda: self._sum_into(Pieces(inputs), Pieces(outputs)))
+
+    def _collective(self, run) -> None:
+        """Runs one collective; where a member fails, raises the first cause (`_first_cause`)
+        and closes the ring: its other members learn it now, not at their timeout."""
+        try:
+            run()
+        except RingError as error:
+            failure = self._first_cause(error)
+            self.close()
+            raise failure from None
 
     def _first_cause(self, error: RingError) -> RingError:
         """The error to raise for `error`: where the peer it names saw another fail first (it

@@ -271,6 +271,9 @@ report["all_reduces_by_input"] = {kind: train_step_ops(
         "generator": {"x": endless_batches(), "steps_per_epoch": 4},
         "PyDataset": {"x": Batches()}}.items()}
 watched_ops = train_step_ops(kdist.scope)  # kdist.steps's clock readings added
+# TopK's payloads (values, indices) gathered: over the ring where it sums the gradients
+report["topk_step_ops"] = train_step_ops(lambda: kdist.scope(watch_steps=False,
+                                                            compression="topk:0.1"))
 keras_seam.uninstall()
 for workaround in keras_seam.PATCHES:
     if workaround.name in ("symbolic_build_without_collective", "scalar_metric_reduce",
