@@ -6,9 +6,8 @@ NumPy vector from every worker. TensorFlow's all-gather (`kdist.strategies.gathe
 once warm, but its first call traces a function and sets up a collective: about 120 ms each in the
 first epoch of benchmarks/fit_wall.py's 2-worker fit, twice (measured by hand). Where
 the ring already sums the gradients (`kdist.strategies.sums_over_tcp`: CPU workers by default),
-the rows ride it instead: each worker contributes a table of zeros holding its own row, and the
-ring's sum of the tables is every row, exactly (integers; float64 values travel as their bits).
-Every worker calls it at the same point of its program, as any collective.
+the rows ride its all-gather instead (`Ring.all_gather`: every row, bit for bit). Every worker
+calls it at the same point of its program, as any collective.
 
 >>> import numpy as np, tensorflow as tf
 >>> per_worker(tf.distribute.get_strategy(), np.array([1.5, 2.0]), "example").tolist()
@@ -29,8 +28,5 @@ def per_worker(strategy, values, purpose: str):
     ring = tcp_ring(strategy)
     if ring is None:
         return gather.per_worker(strategy, values, purpose)
-    values = gather.checked(values)
-    table = np.zeros([ring.size, len(values)], np.int64)
-    table[ring.rank] = values.view(np.int64)
-    summed = ring.all_reduce_sums(table)[0]
-    return np.array(summed).view(values.dtype)  # a copy: the ring reuses its sums' buffers
+    rows = ring.all_gather(gather.checked(values))[0]
+    return np.array(rows)  # a copy: the ring reuses its results' buffers
