@@ -230,8 +230,7 @@ def test_a_machine_whose_network_stops_is_named_first_in_both_summaries(netns, t
 
 def trained(out, task):
     """The steps `task` of fault_job has trained so far (none before its first)."""
-    path = os.path.join(out, f"steps-{task}.jsonl")
-    return open(path).read().splitlines() if os.path.exists(path) else []
+    return steps(out, task) if os.path.exists(os.path.join(out, f"steps-{task}.jsonl")) else []
 
 
 def test_dead_peer_bound_sets_the_coordination_services_heartbeat():
