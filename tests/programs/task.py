@@ -19,8 +19,12 @@ import time
 config = json.loads(os.environ["TF_CONFIG"])
 task = f"{config['task']['type']}:{config['task']['index']}"
 pid_dir, rules = sys.argv[1], dict(rule.split("=", 1) for rule in sys.argv[2:])
-with open(os.path.join(pid_dir, f"{task}.pid"), "w") as f:
+# Written whole, then renamed: a test that sees <task>.pid never reads it half-written (a
+# launcher killed between the open and the write would otherwise leave an empty file).
+partial = os.path.join(pid_dir, f"{task}.pid.partial")
+with open(partial, "w") as f:
     f.write(str(os.getpid()))
+os.replace(partial, os.path.join(pid_dir, f"{task}.pid"))
 restart = os.environ.get("KDIST_RESTART_COUNT", "unset")
 
 
