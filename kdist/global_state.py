@@ -8,8 +8,9 @@ Two typed records live for the life of a process, each field named with the modu
   already warned about; the counters that give every worker the same collective keys in the same
   order; the step clock's variable and whether a watched fit runs; the fits whose arguments the
   workers compared; whether `kdist verify` recorded this process's first fit;
-- `PerStrategy` (`of_strategy`): what kdist keeps about one `tf.distribute` strategy: the cluster
-  and options it was built for (`kdist.strategies.registry`), its parameter-server coordinator
+- `PerStrategy` (`of_strategy`): what kdist keeps about one `tf.distribute` strategy: the plan
+  it was built by (its cluster, options and decisions, `kdist.strategies.registry`), its
+  parameter-server coordinator
   (`kdist.ps.coordinator`), its TCP ring (`kdist.exchange.comm`), its device groups' collective
   launchers (`kdist.keras_seam.tf_internals`), its all-gathers of host values
   (`kdist.strategies.gather`). Held beside the strategy and weakly: it goes with the strategy,
@@ -76,8 +77,7 @@ class Process:
 class PerStrategy:
     """What kdist keeps about one `tf.distribute` strategy."""
 
-    spec: Any = None  # the ClusterSpec kdist built it for (kdist.strategies.registry)
-    options: Any = None  # its StrategyOptions; None: kdist did not build it
+    plan: Any = None  # the StrategyPlan kdist built it by; None: built by hand
     coordinator: Any = None  # its ClusterCoordinator (kdist.ps.coordinator)
     ring: Any = None  # its TCP ring (kdist.exchange.comm)
     launchers: dict = dataclasses.field(default_factory=dict)  # device -> collective launcher

@@ -199,7 +199,8 @@ def _log_choice(name, built, spec, opts, seed) -> None:
     if seed is not None:
         note += (f"; TensorFlow's random seed set to {seed} on every worker, so unseeded "
                  "tf.data shuffles take one order (tf.random.set_seed for your own)")
-    if strategies.sums_over_tcp(built):
+    plan = strategies.plan_of(built)
+    if plan is not None and plan.gradients_over_tcp:
         how = "all_reduce='tcp'" if opts.all_reduce == "tcp" else \
             "the default on CPU workers; all_reduce='ring' for TensorFlow's collectives"
         note = f"; gradients summed by kdist's TCP ring ({how}){note}"

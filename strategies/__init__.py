@@ -9,8 +9,8 @@
 from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
 from kdist.strategies import default, mirrored, multi_worker, parameter_server, registry
 from kdist.strategies.options import StrategyOptions
-from kdist.strategies.multi_worker import sums_over_tcp
-from kdist.strategies.registry import cluster_of
+from kdist.strategies.plan import StrategyPlan
+from kdist.strategies.registry import cluster_of, plan_of
 
 _MODULES = {
     "default": default,
@@ -36,10 +36,11 @@ def choose(cluster, options: StrategyOptions, num_gpus: int, num_cpus: int = 1) 
 
 
 def build(name: str, cluster, options: StrategyOptions):
-    """Builds strategy `name` for `cluster` with `options`; `cluster_of()` then finds the cluster."""
+    """Builds strategy `name` for `cluster` with `options`; `plan_of()` then finds its plan."""
     strategy = _module(name).build(cluster, options)
     if not (name == "default" and options.devices is None):  # TF's global default strategy
-        registry.remember(strategy, cluster, options)
+        over_tcp = name == "multi_worker" and multi_worker.sums_over_tcp(strategy, options)
+        registry.remember(strategy, StrategyPlan(name, cluster, options, over_tcp))
     return strategy
 
 
@@ -54,5 +55,5 @@ def _module(name: str):
     return _MODULES[name]
 
 
-__all__ = ["NAMES", "StrategyOptions", "build", "choose", "cluster_of", "inapplicable_options",
-           "is_multi_worker", "is_parameter_server", "sums_over_tcp"]
+__all__ = ["NAMES", "StrategyOptions", "StrategyPlan", "build", "choose", "cluster_of",
+           "inapplicable_options", "is_multi_worker", "is_parameter_server", "plan_of"]

@@ -2,8 +2,7 @@
 
 from kdist import startup
 from kdist.devices import canonical_name
-from kdist.keras_seam import strategy_kinds, tf_internals
-from kdist.strategies import registry
+from kdist.keras_seam import tf_internals
 from kdist.strategies.options import StrategyOptions
 
 OPTIONS = frozenset({"all_reduce", "bytes_per_pack", "collective_timeout", "dead_peer_timeout",
@@ -46,18 +45,15 @@ def build(cluster, options: StrategyOptions):
     return strategy
 
 
-def sums_over_tcp(strategy) -> bool:
-    """Whether kdist's TCP ring (`kdist.exchange.ring`) sums the gradients of `strategy`, a
-    strategy kdist built: when asked (``all_reduce="tcp"``), and by default (``"auto"``) where each
+def sums_over_tcp(strategy, options: StrategyOptions) -> bool:
+    """Whether kdist's TCP ring (`kdist.exchange.ring`) sums the gradients of `strategy`, which
+    kdist built with `options` (decided once, into its `StrategyPlan`): when asked (``all_reduce="tcp"``), and by default (``"auto"``) where each
     worker runs one replica on its CPU. There TensorFlow's collectives copy every chunk through
     gRPC's protobufs, several times the ring's time on the same bytes
     (benchmarks/results/collectives.md). GPUs keep TensorFlow's choice (NCCL), and
     ``all_reduce="ring"`` keeps TensorFlow's collectives on CPUs. Beside the gradients only the
     step's logs ride the ring (`kdist.exchange.scalar_means`); TensorFlow's collectives carry the
     rest (batch-norm statistics, barriers, the input's checks)."""
-    options = registry.options_of(strategy)
-    if not strategy_kinds.is_multi_worker(strategy) or not registry.built_by_kdist(strategy):
-        return False
     if options.all_reduce == "tcp":
         return True
     devices = strategy.extended.worker_devices

@@ -1,6 +1,7 @@
-"""Which cluster and options a strategy was built for, so that callbacks and Keras hooks never
-re-read TF_CONFIG and leave strategies kdist did not build to Keras; and which strategy
-`kdist.scope()` entered last. Kept in `kdist.global_state`.
+"""The plan of each strategy kdist built (`StrategyPlan`: its cluster, its options, who sums its
+gradients), so that callbacks and Keras hooks never re-read TF_CONFIG nor decide again, and leave
+strategies kdist did not build to Keras; and which strategy `kdist.scope()` entered last. Kept in
+`kdist.global_state`.
 
 >>> import tensorflow as tf
 >>> from kdist.strategies import registry
@@ -14,35 +15,32 @@ from kdist import global_state
 from kdist.cluster.spec import ClusterSpec
 from kdist.keras_seam import strategy_kinds
 from kdist.strategies.options import StrategyOptions
+from kdist.strategies.plan import StrategyPlan
 
 
+def remember(strategy, plan: StrategyPlan) -> None:
+    """Records that kdist built `strategy` as `plan` says."""
+    global_state.of_strategy(strategy).plan = plan
 
-def remember(strategy, spec: ClusterSpec, options: StrategyOptions) -> None:
-    """Records that kdist built `strategy` for `spec` with `options`."""
-    kept = global_state.of_strategy(strategy)
-    kept.spec, kept.options = spec, options
+
+def plan_of(strategy) -> StrategyPlan | None:
+    """The plan kdist built `strategy` by; None for one built by hand (or TF's default)."""
+    return None if strategy is None else global_state.of_strategy(strategy).plan
 
 
 def options_of(strategy) -> StrategyOptions:
     """The options kdist built `strategy` with; the defaults for a strategy built by hand."""
-    if strategy is None:
-        return StrategyOptions()
-    options = global_state.of_strategy(strategy).options
-    return options if options is not None else StrategyOptions()
-
-
-def built_by_kdist(strategy) -> bool:
-    """Whether kdist built `strategy` (`remember`ed it); TF's default strategy is not recorded."""
-    return strategy is not None and global_state.of_strategy(strategy).options is not None
+    plan = plan_of(strategy)
+    return plan.options if plan is not None else StrategyOptions()
 
 
 def cluster_of(strategy) -> ClusterSpec | None:
     """The cluster `strategy` runs on: the spec kdist built it for; for a multi-worker or
     parameter-server strategy built by hand, the cluster its own resolver describes; else None."""
-    if strategy is None:
-        return None
-    spec = global_state.of_strategy(strategy).spec
-    return spec if spec is not None else strategy_kinds.cluster_from_resolver(strategy)
+    plan = plan_of(strategy)
+    if plan is not None:
+        return plan.spec
+    return None if strategy is None else strategy_kinds.cluster_from_resolver(strategy)
 
 
 def make_current(strategy) -> None:

@@ -78,10 +78,13 @@ def test_clearing_the_process_state_forgets_every_strategy_kdist_built():
         pass
     assert kdist.current_strategy() is built
     assert registry.options_of(built).devices == ("/cpu:0",)
-    assert registry.cluster_of(built) is not None
+    plan = registry.plan_of(built)  # decided once, at the build
+    assert (plan.name, plan.gradients_over_tcp) == ("mirrored", False)
+    assert registry.cluster_of(built) is plan.spec is not None
     global_state.clear()
     assert kdist.current_strategy() is tf.distribute.get_strategy()
     assert registry.options_of(built) == StrategyOptions() and registry.cluster_of(built) is None
+    assert registry.plan_of(built) is None
     with kdist.scope(strategy="mirrored", devices=["/cpu:0"]) as again:
         pass
     assert again is not built and kdist.current_strategy() is again

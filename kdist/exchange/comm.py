@@ -22,8 +22,7 @@ import weakref
 from kdist import envvars, global_state, validators
 from kdist.keras_seam import tf_internals
 from kdist.layers import placement
-from kdist.strategies import cluster_of, sums_over_tcp
-from kdist.strategies.registry import options_of
+from kdist.strategies import plan_of
 
 
 class Comm:
@@ -228,17 +227,14 @@ def ring_port() -> int:
 
 
 def tcp_ring(strategy):
-    """The TCP ring that sums `strategy`'s gradients (`kdist.strategies.sums_over_tcp`: CPU
-    workers by default, or ``all_reduce="tcp"``), else None."""
-    if not sums_over_tcp(strategy):
+    """The TCP ring that sums `strategy`'s gradients where its plan says so
+    (`StrategyPlan.gradients_over_tcp`: CPU workers by default, or ``all_reduce="tcp"``), else
+    None."""
+    plan = plan_of(strategy)
+    if plan is None or not plan.gradients_over_tcp:
         return None
-    options = options_of(strategy)
     kept = global_state.of_strategy(strategy)
     if kept.ring is None:
-        spec = cluster_of(strategy)
-        tasks = [(t, i) for t, i in spec.tasks() if t in ("chief", "worker")]
-        addresses = [spec.address(t, i) for t, i in tasks]
-        names = [f"{t}:{i} ({address})" for (t, i), address in zip(tasks, addresses)]
-        kept.ring = _LazyRing(tasks.index((spec.task_type, spec.task_index)), addresses,
-                              options.ring_timeout, names)
+        rank, addresses, names = plan.ring_members()
+        kept.ring = _LazyRing(rank, addresses, plan.options.ring_timeout, names)
     return kept.ring

@@ -10,8 +10,9 @@ at once (a sender thread beside the receiving one; both release the GIL, as NumP
 
 Every worker ends with the same sum, bit for bit (each chunk is summed once, in ring order, and
 copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gradient sums here
-by default on CPU workers (`kdist.strategies.sums_over_tcp`), and its all-gathers (TopK's
-payloads) to the ring's `all_gather`; the rendezvous (each worker's listening address) goes
+by default on CPU workers (the strategy's plan, `kdist.strategies.StrategyPlan`), and its
+all-gathers (TopK's payloads) to the ring's `all_gather`; the rendezvous (each worker's
+listening address) goes
 through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the
 step with an error naming it instead of a hang; a member whose collective fails closes the ring,
 so that the others fail at once too, and first writes why in the same store (`Causes`): a
