@@ -49,7 +49,7 @@ from kdist import scope as _scope_module  # noqa: E402
 from kdist.keras_seam import hooks as _hooks, versions as _versions  # noqa: E402
 from kdist.scope import current_strategy, scope, strategy  # noqa: E402
 from kdist.ps.serve import serve  # noqa: E402
-from kdist.training.keras_hooks import KdistHooks as _KdistHooks  # noqa: E402
+from kdist.wiring.keras_hooks import KdistHooks as _KdistHooks  # noqa: E402
 
 __version__ = "0.1.0"
 
@@ -72,7 +72,7 @@ _LAZY = {
     "compression": ("kdist.compression", None),
     "layers": ("kdist.layers", None),
     "LinearWarmup": ("kdist.batching", "LinearWarmup"),
-    "TrainingOptions": ("kdist.training.options", "TrainingOptions"),
+    "TrainingOptions": ("kdist.wiring.options", "TrainingOptions"),
     "global_batch_size": ("kdist.batching", "global_batch_size"),
     "scale_learning_rate": ("kdist.batching", "scale_learning_rate"),
 }

@@ -66,7 +66,7 @@ class Process:
     steps_watched: bool = False
     # kdist.keras_seam.fixes: the several-steps function is tracing its steps
     tracing_several_steps: bool = False
-    # kdist.training.agreement: the fits compared so far; the models already said to be local
+    # kdist.wiring.agreement: the fits compared so far; the models already said to be local
     agreed_fits: int = 0
     local_models_said: set = dataclasses.field(default_factory=set)
     # kdist.verify_plan: this process's first fit was recorded or replayed

@@ -109,7 +109,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
           hang_timeout=None, hang_action=None, **options):
     """Context manager: enters the chosen strategy's scope and yields the strategy.
 
-    The training options (`kdist.training.options.TrainingOptions`) apply to the models compiled
+    The training options (`kdist.wiring.options.TrainingOptions`) apply to the models compiled
     inside the block, checked once against the strategy:
 
     - `compression`: a name of `kdist.compression.registry` (``"powersgd:4"``) or a
@@ -142,7 +142,7 @@ def scope(strategy: str = "auto", compression=None, aggregate_every: int = 1, ps
     """
     from kdist.compression import one_host
     from kdist.exchange import buckets
-    from kdist.training import options as training_options
+    from kdist.wiring import options as training_options
 
     strategies.StrategyOptions.from_kwargs(options, also=SCOPE_OPTIONS)  # a typo: the one meant
     requested = training_options.TrainingOptions.parse(

@@ -1,4 +1,4 @@
-"""What `kdist verify` asks of this process (`kdist.training.verify` acts on it): the plan its
+"""What `kdist verify` asks of this process (`kdist.wiring.verify` acts on it): the plan its
 command wrote into the folder named by ``KDIST_VERIFY``, read once per process.
 
 The one-device run answers `kdist.global_batch_size` and `kdist.scale_learning_rate` with the

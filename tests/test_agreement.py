@@ -1,4 +1,4 @@
-"""A user's own mistakes under MultiWorkerMirrored (kdist.training.agreement), with 2 real
+"""A user's own mistakes under MultiWorkerMirrored (kdist.wiring.agreement), with 2 real
 workers: a model created outside kdist.scope() is refused where compiled inside it and said to
 train alone where wholly local, and workers that would train different things are told which and where before any step
 (instead of TensorFlow's mismatched collectives, or a wait until the timeout)."""
@@ -9,7 +9,7 @@ import portpicker
 import pytest
 
 from conftest import run_kdist
-from kdist.training import agreement
+from kdist.wiring import agreement
 
 
 def launch(mode, env=None):

@@ -38,9 +38,9 @@ SETTINGS = {
     "2 s": "Ray Train's default RAY_TRAIN_HEALTH_CHECK_INTERVAL_S",
     "1.10": "issue 20's overlap goal: a step within 1.10 times max(t1, t2)",
     "20%": "the CPU cap of the straggler test's cgroup (tests/conftest.py: slow_cpu_cgroup)",
-    "1e-9": "kdist verify's float64 tolerance (kdist.training.comparison.TOLERANCE)",
-    "1e-2": "kdist verify's float16 tolerance (kdist.training.comparison.TOLERANCE)",
-    "3e-2": "kdist verify's bfloat16 tolerance (kdist.training.comparison.TOLERANCE)",
+    "1e-9": "kdist verify's float64 tolerance (kdist.wiring.comparison.TOLERANCE)",
+    "1e-2": "kdist verify's float16 tolerance (kdist.wiring.comparison.TOLERANCE)",
+    "3e-2": "kdist verify's bfloat16 tolerance (kdist.wiring.comparison.TOLERANCE)",
 }
 WITH_UNIT = re.compile(r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?\s?(?:ms|s|x|%|[KMG]i?B|ns|us|[MG]bit(?:/s)?"
                        r"|bytes)(?!\w)")
@@ -78,7 +78,7 @@ def test_every_prose_figure_is_a_setting_or_saved():
 
 
 def test_the_tolerances_the_docs_quote_are_kdist_verifys():
-    from kdist.training.comparison import TOLERANCE
+    from kdist.wiring.comparison import TOLERANCE
 
     assert TOLERANCE == {"float64": 1e-9, "float32": 1e-5, "float16": 1e-2, "bfloat16": 3e-2}
     assert "1e-5 for float32 (1e-9 float64, 1e-2 float16, 3e-2 bfloat16)" in \

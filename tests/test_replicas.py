@@ -7,7 +7,7 @@ import pytest
 
 import kdist
 from conftest import run_report
-from kdist.training.options import TrainingOptions
+from kdist.wiring.options import TrainingOptions
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import kdist
 from conftest import QUIET_TF, ROOT
 from kdist.keras_seam import classes, page, registry, versions
 from kdist.keras_seam import patches as keras_seam
-from kdist.training.options import TrainingOptions
+from kdist.wiring.options import TrainingOptions
 
 SEAM = os.path.join("kdist", "keras_seam")
 PRIVATE_MODULES = ("keras.src", "tensorflow.python", "tensorflow.compiler", "tensorflow.tsl",
@@ -30,12 +30,12 @@ ALLOWED = {
     ("kdist/ps/serve.py", "os._exit"): "Python's documented exit without cleanup",
     ("kdist/steps/watchdog.py", "os._exit"):
         "Python's documented exit without cleanup (the main thread waits inside TensorFlow)",
-    ("kdist/training/verify.py", "os._exit"):
+    ("kdist/wiring/verify.py", "os._exit"):
         "Python's documented exit without cleanup (a verify run's files are written)",
     ("kdist/__init__.py", "_logger.propagate"): "configuring the standard library's logger",
     ("kdist/ps/training.py", "model.stop_training"):
         "Keras's documented callback protocol: a fit loop resets it, EarlyStopping sets it",
-    ("kdist/training/verify.py", "self.model.stop_training"):
+    ("kdist/wiring/verify.py", "self.model.stop_training"):
         "Keras's documented callback protocol: EarlyStopping sets it (kdist verify's last step)",
 }
 
@@ -433,7 +433,7 @@ def test_training_options_are_validated_once_against_the_strategy(arguments, wor
 
 
 def test_the_scope_options_reach_compile_through_one_context_variable():
-    from kdist.training import options as training_options
+    from kdist.wiring import options as training_options
 
     assert training_options.active() == TrainingOptions()
     with kdist.scope(compression="bf16", aggregate_every=3):

@@ -1,4 +1,4 @@
-"""`kdist verify` (kdist/cli/verify.py, kdist/training/verify.py) on a user's program with 2 real
+"""`kdist verify` (kdist/cli/verify.py, kdist/wiring/verify.py) on a user's program with 2 real
 workers: the distributed first steps against the same global batches on one device, for sparse
 gradients, a short last batch, NumPy arrays and a tf.data dataset of dict features with sample
 weights; a planted wrong sum that every worker agrees on is found and named."""

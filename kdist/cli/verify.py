@@ -1,7 +1,7 @@
 """`kdist verify`: does this program train as one device does with the global batch?
 
 Runs the program's first `fit` for a few steps on a local cluster, recording every replica's
-batches (`kdist.training.verify`), replays the same global batches on one device from the same
+batches (`kdist.wiring.verify`), replays the same global batches on one device from the same
 start, and prints the largest difference and the first variable that differs.
 Exit code: 0 the same within the dtype's tolerance, 1 different, else the failing run's.
 """

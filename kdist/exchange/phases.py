@@ -4,7 +4,7 @@ the byte statistics it puts in the logs.
 Collectives cannot sit inside `tf.cond` under tf.distribute, so each phase (uncompressed warm-up
 until the compressor's `start_step`, each of its stages, accumulate or reduce with
 `aggregate_every`) is traced once and the callback hands `fit` the one the next step needs.
-`kdist.training` adds it to `fit` for a model whose exchange has phases.
+`kdist.wiring` adds it to `fit` for a model whose exchange has phases.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@
 - `registry`: `Patch` (a **fix** of an upstream bug, or a **hook** where a feature plugs in), each
   target replaced once by the composition of its active patches;
 - `fixes`, `callbacks`: the fixes; `hook_points`: the hooks, which call the connected `hooks.Hooks`
-  (kdist's: `kdist.training.KdistHooks`);
+  (kdist's: `kdist.wiring.KdistHooks`);
 - `keras_internals`, `tf_internals`: every private attribute kdist reads, as named functions.
 
 The registry's list is `patches.PATCHES`: `patches.install()` is idempotent (`kdist.scope()` calls

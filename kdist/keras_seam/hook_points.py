@@ -2,7 +2,7 @@
 
 The replacements call Keras's own method unless kdist's hooks act on the object (a model compiled
 inside `kdist.scope(...)`, a strategy kdist built); see `kdist.keras_seam.hooks` for what each
-point means and `kdist.training.KdistHooks` for what kdist does there.
+point means and `kdist.wiring.KdistHooks` for what kdist does there.
 """
 
 from __future__ import annotations

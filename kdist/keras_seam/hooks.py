@@ -1,7 +1,7 @@
 """The named points where kdist's features plug into Keras, and the object that serves them.
 
 The seam's hook patches (`kdist.keras_seam.hook_points`) call the methods of the connected
-`Hooks`; `kdist.training.KdistHooks` is the one kdist connects (at `import kdist`). The defaults
+`Hooks`; `kdist.wiring.KdistHooks` is the one kdist connects (at `import kdist`). The defaults
 here do exactly what Keras does, so a hook patch with nothing connected changes nothing.
 
 A feature never patches Keras: it implements one of these methods (or is called from one).

@@ -89,7 +89,7 @@ def mode_of(model) -> SyncMode:
 
 # The optimizers whose `apply_gradients` hands its gradients over instead of applying them (a
 # worker's step), and those applying an update's mean on the ps (no exchange among replicas):
-# kdist's hooks at the seam read them (`kdist.training.keras_hooks`).
+# kdist's hooks at the seam read them (`kdist.wiring.keras_hooks`).
 _capturing: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 _applying: "weakref.WeakSet" = weakref.WeakSet()
 

@@ -1,6 +1,6 @@
 """Keras 3 `fit` / `evaluate` / `predict` under ParameterServerStrategy (keras-team/keras#18624).
 
-Written for Keras 3.15 on TensorFlow 2.21. `kdist.training.dispatch` routes a model's `fit` / `evaluate` /
+Written for Keras 3.15 on TensorFlow 2.21. `kdist.wiring.dispatch` routes a model's `fit` / `evaluate` /
 `predict` here when its strategy is a ParameterServerStrategy. On the chief, `fit` becomes a
 ClusterCoordinator loop:
 

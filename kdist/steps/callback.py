@@ -1,7 +1,7 @@
 """`StepWatch`: the step clock and the hang watchdog around one `fit`, and at each epoch's end
 the stragglers, measured.
 
-`kdist.training.dispatch` adds it to `fit` under MultiWorkerMirrored (``kdist.scope(
+`kdist.wiring.dispatch` adds it to `fit` under MultiWorkerMirrored (``kdist.scope(
 watch_steps=False)`` leaves it out). At the end of every epoch each worker's median step is split
 into input wait, compute and communication (`kdist.steps.clock`); one small all-gather brings every
 worker's figures to every worker, and the chief logs which worker is slowest and by how much, on
@@ -42,7 +42,7 @@ class StepWatch(keras.callbacks.Callback):
     def __init__(self, task: str, tasks: list[str], timeout: float | None, action: str,
                  multi_worker: bool, per_worker=gather.per_worker):
         """`per_worker(strategy, values, purpose)` gathers every worker's figures (TensorFlow's
-        all-gather by default; `kdist.training` hands it the one over kdist's ring)."""
+        all-gather by default; `kdist.wiring` hands it the one over kdist's ring)."""
         super().__init__()
         self.task, self.tasks, self.multi_worker = task, tasks, multi_worker
         self._per_worker = per_worker

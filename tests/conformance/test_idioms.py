@@ -38,7 +38,7 @@ KERAS = version(keras.__version__)
 if KERAS < (3, 7, 0):  # Keras <= 3.6 aborts the all-reduce at an epoch's end (kdist refuses)
     for name in ("steps_per_execution", "generator_to_its_end_in_executions"):
         REFUSED[name] = ("Keras <= 3.6 aborts the gradient all-reduce", "steps_per_execution=1")
-# Keras < 3.8 under Mirrored: kdist leaves Keras's equal replica weights (kdist.training.keras_hooks.
+# Keras < 3.8 under Mirrored: kdist leaves Keras's equal replica weights (kdist.wiring.keras_hooks.
 # _weighs_examples), so a short last batch weighs examples as plain tf.distribute does.
 NOT_ONE_DEVICE_MIRRORED = {"uneven_last_batch", "uneven_last_batch_weighted",
                            "one_row_last_batch", "empty_share"} if KERAS < (3, 8, 0) else set()
@@ -109,7 +109,7 @@ def test_every_replica_and_worker_holds_the_same_variables(runs, idiom, mode):
 def test_training_equals_one_device_with_the_global_batch(runs, idiom, mode):
     if mode == "mirrored" and idiom in NOT_ONE_DEVICE_MIRRORED:
         pytest.skip("Keras < 3.8 under Mirrored: a short last batch weighs examples as plain "
-                    "tf.distribute does (kdist.training.keras_hooks._weighs_examples)")
+                    "tf.distribute does (kdist.wiring.keras_hooks._weighs_examples)")
     if idiom in CUSTOM_STEPS and version(keras.__version__) < (3, 8, 0):
         pytest.skip("Keras < 3.8 does not scale a custom train_step's loss for the replicas: "
                     "kdist warns (test_a_custom_train_step_is_warned_about_on_keras_before_3_8)")

@@ -21,7 +21,7 @@ from kdist import compression  # noqa: E402
 from kdist.exchange import Exchange  # noqa: E402
 from kdist.keras_seam.keras_internals import per_replica_variables  # noqa: E402
 from kdist import model_state as state  # noqa: E402
-from kdist.training.options import TrainingOptions  # noqa: E402
+from kdist.wiring.options import TrainingOptions  # noqa: E402
 
 
 def bind_by_hand(optimizer, compressor):

@@ -114,7 +114,7 @@ by_one, _ = fit_steps_per_execution(1)
 try:
     by_three, by_three_history = fit_steps_per_execution(3)
     spe3_refused = None
-except ValueError as err:  # Keras <= 3.6: refused by kdist (kdist.training.dispatch)
+except ValueError as err:  # Keras <= 3.6: refused by kdist (kdist.wiring.dispatch)
     by_three, spe3_refused = by_one, str(err)
 spe_fix = keras_seam.patch("steps_per_execution_under_mirrored")
 spe_fix_active = spe_fix.active

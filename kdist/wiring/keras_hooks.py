@@ -25,7 +25,7 @@ class KdistHooks(Hooks):
     """kdist's features, at the seam's hook points."""
 
     def dispatch(self, name, original, arguments):
-        from kdist.training import dispatch
+        from kdist.wiring import dispatch
 
         return dispatch.dispatch(name, original, arguments)
 
@@ -33,7 +33,7 @@ class KdistHooks(Hooks):
         """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
         ask for to its optimizer."""
         from kdist.exchange import Exchange, weights
-        from kdist.training import options as training_options
+        from kdist.wiring import options as training_options
 
         options = training_options.active()
         if options.balance is not None and model.distribute_strategy.num_replicas_in_sync == 1:

@@ -1,5 +1,5 @@
 """Variables of a distributed run against one device's, element by element, with a tolerance
-fit for each dtype (`kdist verify`, `kdist.training.verify`).
+fit for each dtype (`kdist verify`, `kdist.wiring.verify`).
 
 >>> differs(np.float32(1.0), np.float32(1.0 + 1e-6), "float32")
 False

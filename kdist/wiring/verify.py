@@ -16,7 +16,7 @@ never replicas that agree on a wrong answer; this checks the promise itself on t
 Both runs leave out `BackupAndRestore` (a backup would start one of them elsewhere) and the
 validation data (it changes no variable), each said on its own line.
 
-The comparison itself: `kdist.training.comparison`.
+The comparison itself: `kdist.wiring.comparison`.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from kdist import verify_plan
 from kdist.callbacks import BackupAndRestore as KdistBackup
 from kdist.keras_seam import keras_internals
 from kdist.strategies import is_parameter_server
-from kdist.training import comparison
+from kdist.wiring import comparison
 from kdist.validators import UsageError
 
 logger = logging.getLogger("kdist")

@@ -31,7 +31,7 @@ from kdist.keras_seam import hook_points, keras_internals, versions
 from kdist.ps import training as ps_training
 from kdist.steps import reading
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server, registry
-from kdist.training import agreement, verify
+from kdist.wiring import agreement, verify
 
 logger = logging.getLogger("kdist")
 
@@ -40,7 +40,7 @@ FIT_INPUT = ("x", "y", "sample_weight", "batch_size")  # ModelState.fit_input du
 
 def dispatch(name: str, original, arguments):
     """Runs `model.<name>(...)` (`arguments`: Keras's method's bound arguments)."""
-    from kdist.training.options import TrainingOptions
+    from kdist.wiring.options import TrainingOptions
 
     model = arguments.arguments["self"]
     strategy = keras_internals.strategy_of(model)  # None: built outside any strategy scope
