@@ -22,7 +22,6 @@ import weakref
 from kdist import envvars, global_state, validators
 from kdist.keras_seam import tf_internals
 from kdist.layers import placement
-from kdist.strategies import plan_of
 
 
 class Comm:
@@ -230,11 +229,10 @@ def tcp_ring(strategy):
     """The TCP ring that sums `strategy`'s gradients where its plan says so
     (`StrategyPlan.gradients_over_tcp`: CPU workers by default, or ``all_reduce="tcp"``), else
     None."""
-    plan = plan_of(strategy)
-    if plan is None or not plan.gradients_over_tcp:
+    kept = global_state.of_strategy(strategy)  # its plan, and its ring once made
+    if kept.plan is None or not kept.plan.gradients_over_tcp:
         return None
-    kept = global_state.of_strategy(strategy)
     if kept.ring is None:
-        rank, addresses, names = plan.ring_members()
-        kept.ring = _LazyRing(rank, addresses, plan.options.ring_timeout, names)
+        rank, addresses, names = kept.plan.ring_members()
+        kept.ring = _LazyRing(rank, addresses, kept.plan.options.ring_timeout, names)
     return kept.ring
