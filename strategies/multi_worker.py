@@ -47,13 +47,13 @@ def build(cluster, options: StrategyOptions):
 
 def sums_over_tcp(strategy, options: StrategyOptions) -> bool:
     """Whether kdist's TCP ring (`kdist.exchange.ring`) sums the gradients of `strategy`, which
-    kdist built with `options` (decided once, into its `StrategyPlan`): when asked (``all_reduce="tcp"``), and by default (``"auto"``) where each
-    worker runs one replica on its CPU. There TensorFlow's collectives copy every chunk through
-    gRPC's protobufs, several times the ring's time on the same bytes
-    (benchmarks/results/collectives.md). GPUs keep TensorFlow's choice (NCCL), and
-    ``all_reduce="ring"`` keeps TensorFlow's collectives on CPUs. Beside the gradients only the
-    step's logs ride the ring (`kdist.exchange.scalar_means`); TensorFlow's collectives carry the
-    rest (batch-norm statistics, barriers, the input's checks)."""
+    kdist built with `options` (decided once, into its `StrategyPlan`): when asked
+    (``all_reduce="tcp"``), and by default (``"auto"``) where each worker runs one replica on its
+    CPU. There TensorFlow's collectives copy every chunk through gRPC's protobufs, several times the
+    ring's time on the same bytes (benchmarks/results/collectives.md). GPUs keep TensorFlow's choice
+    (NCCL), and ``all_reduce="ring"`` keeps TensorFlow's collectives on CPUs. Beside the gradients
+    only the step's logs ride the ring (`kdist.exchange.scalar_means`); TensorFlow's collectives
+    carry the rest (batch-norm statistics, barriers, the input's checks)."""
     if options.all_reduce == "tcp":
         return True
     devices = strategy.extended.worker_devices

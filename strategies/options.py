@@ -28,13 +28,13 @@ class StrategyOptions:
             one-device strategy. None: every local GPU, else the logical CPU devices configured.
             MultiWorkerMirrored: the GPUs each worker replicates over, ``["/gpu:0", ...,
             "/gpu:k-1"]``; ``["/gpu:0"]`` leaves the other GPUs to model-parallel layers (hybrid).
-        all_reduce: who sums the gradients. ``"auto"`` (default): under MultiWorkerMirrored
-            with one replica per worker on its CPU, kdist's ring all-reduce over TCP
-            (`kdist.exchange.ring`, `kdist.strategies.multi_worker.sums_over_tcp`);
-            elsewhere TensorFlow's choice (NCCL between GPUs). ``"ring"`` or ``"nccl"``: TensorFlow's collective
-            implementation for the gradients too. ``"tcp"``: kdist's ring, asked for (an error
-            where a worker runs several replicas). Beside the gradients only the step's logs
-            ride the ring; TensorFlow's collectives carry the rest (batch-norm statistics).
+        all_reduce: who sums the gradients. ``"auto"`` (default): under MultiWorkerMirrored with one
+            replica per worker on its CPU, kdist's ring all-reduce over TCP (`kdist.exchange.ring`,
+            `kdist.strategies.multi_worker.sums_over_tcp`); elsewhere TensorFlow's choice (NCCL
+            between GPUs). ``"ring"`` or ``"nccl"``: TensorFlow's collective implementation for the
+            gradients too. ``"tcp"``: kdist's ring, asked for (an error where a worker runs several
+            replicas). Beside the gradients only the step's logs ride the ring; TensorFlow's
+            collectives carry the rest (batch-norm statistics).
         bytes_per_pack: pack gradients into chunks of this many bytes before all-reducing (0: TF's
             default of one pack per dtype).
         collective_timeout: seconds after which one collective fails (None: no per-op limit).

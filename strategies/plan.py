@@ -9,8 +9,9 @@ exchange, `Comm`, the fit dispatch and the callbacks read it there instead of de
 >>> from kdist.strategies.options import StrategyOptions
 >>> spec = ClusterSpec({"worker": ["127.0.0.1:2222", "127.0.0.1:2223"]}, "worker", 1)
 >>> plan = StrategyPlan("multi_worker", spec, StrategyOptions(), gradients_over_tcp=True)
->>> plan.ring_members()
-(1, ['127.0.0.1:2222', '127.0.0.1:2223'], ['worker:0 (127.0.0.1:2222)', 'worker:1 (127.0.0.1:2223)'])
+>>> rank, addresses, names = plan.ring_members()
+>>> rank, names
+(1, ['worker:0 (127.0.0.1:2222)', 'worker:1 (127.0.0.1:2223)'])
 """
 
 from __future__ import annotations

@@ -9,15 +9,13 @@ to its own, in N - 1 all-gather steps it passes the summed chunks on. Each step 
 at once (a sender thread beside the receiving one; both release the GIL, as NumPy's add does).
 
 Every worker ends with the same sum, bit for bit (each chunk is summed once, in ring order, and
-copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gradient sums here
-by default on CPU workers (the strategy's plan, `kdist.strategies.StrategyPlan`), and its
-all-gathers (TopK's payloads) to the ring's `all_gather`; the rendezvous (each worker's
-listening address) goes
-through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the
-step with an error naming it instead of a hang; a member whose collective fails closes the ring,
-so that the others fail at once too, and first writes why in the same store (`Causes`): a
-neighbour that sees it close reports that cause, the dead peer, and not the member that closed
-on it.
+copied to the others). `kdist.exchange.Comm` routes a multi-worker strategy's gradient sums here by
+default on CPU workers (the strategy's plan, `kdist.strategies.StrategyPlan`), and its all-gathers
+(TopK's payloads) to the ring's `all_gather`; the rendezvous (each worker's listening address) goes
+through TensorFlow's coordination service, and a peer silent for `timeout` seconds fails the step
+with an error naming it instead of a hang; a member whose collective fails closes the ring, so that
+the others fail at once too, and first writes why in the same store (`Causes`): a neighbour that
+sees it close reports that cause, the dead peer, and not the member that closed on it.
 
 Who may join: each worker listens on every interface, on `port` (``KDIST_RING_PORT`` on
 Kubernetes, where the NetworkPolicy admits it from the job's own pods) or an ephemeral one, only
