@@ -7,7 +7,7 @@ replica's device first: data parallel across workers, one group per model-parall
 
 >>> import tensorflow as tf
 >>> strategy = tf.distribute.get_strategy()
->>> summed = strategy.run(lambda: Comm(tf.distribute.get_replica_context(), step=0)
+>>> summed = strategy.run(lambda: Comm(tf.distribute.get_replica_context(), step=0, ring=None)
 ...                       .all_reduce_sum([tf.ones(2)]))
 >>> summed[0].numpy().tolist()
 [1.0, 1.0]
@@ -26,15 +26,16 @@ from kdist.layers import placement
 
 class Comm:
     """The collectives of the current replica context, batched over lists of tensors, and the
-    optimizer step they serve (`step`, a tensor). Where kdist's TCP ring sums the gradients
-    (`tcp_ring`: CPU workers by default), the sums and all-gathers on the replica's device go
-    through it (`kdist.exchange.ring`) instead of TensorFlow's collectives."""
+    optimizer step they serve (`step`, a tensor). `ring` is the strategy's TCP ring where it sums
+    the gradients (`tcp_ring`, handed down by the caller: CPU workers by default): the sums and
+    all-gathers on the replica's device then go through it (`kdist.exchange.ring`); None:
+    TensorFlow's collectives."""
 
-    def __init__(self, replica_context, step):
+    def __init__(self, replica_context, step, ring):
         self._context = replica_context
         self.replicas = replica_context.num_replicas_in_sync
         self.step = step
-        self._ring = tcp_ring(replica_context.strategy)
+        self._ring = ring
         self._before_ring: list = []  # TensorFlow collectives every ring sum waits for
 
     def all_reduce_sum(self, tensors: list) -> list:
@@ -136,7 +137,7 @@ def scalar_means(strategy, values: list, ring_allowed: bool = True) -> list:
         context = tf.distribute.get_replica_context()
         packed = tf.stack(scalars)
         if over_ring:
-            return Comm(context, step=None).all_reduce_sum([packed])[0]
+            return Comm(context, step=None, ring=ring).all_reduce_sum([packed])[0]
         return context.all_reduce(tf.distribute.ReduceOp.SUM, packed)
 
     summed = strategy.run(packed_sum, args=tuple(values))

@@ -43,13 +43,16 @@ class Phase:
 
 
 class Exchange:
-    """The exchange of one optimizer, for the options of the scope its model was compiled in."""
+    """The exchange of one optimizer, for the options of the scope its model was compiled in,
+    over `ring`: its strategy's TCP ring where that sums the gradients (`kdist.exchange.comm.
+    tcp_ring`), else None (TensorFlow's collectives), decided when the model is compiled."""
 
-    def __init__(self, optimizer, options, keras_accumulation: int | None = None):
+    def __init__(self, optimizer, options, ring, keras_accumulation: int | None = None):
         compressor = options.compression
         # A copy per model: its stage is this model's, and the user's object stays as given.
         self.compressor = copy.copy(compressor) if compressor is not None else None
         self.optimizer = optimizer
+        self.ring = ring
         self.aggregate_every = options.aggregate_every
         # Keras's own gradient_accumulation_steps, run in phases under several replicas
         # (kdist.keras_seam.one_device_fixes): Keras accumulates, the phase says when it applies.
@@ -112,7 +115,7 @@ class Exchange:
         grads = [g for _, g, _ in present]  # IndexedSlices stay sparse: Comm gathers them
         compressed = {k for k, (_, g, v) in enumerate(present) if self.phase.compress
                       and self._compresses(v) and not isinstance(g, tf.IndexedSlices)}
-        comm = Comm(replica_context, self.optimizer.iterations)
+        comm = Comm(replica_context, self.optimizer.iterations, self.ring)
         # Weighed by the replica's examples: every gradient under balance, else the exact sums
         # (a compressor's scale, its clipping and residuals, stays Keras's gradient's).
         weighed = []
@@ -176,12 +179,12 @@ class Exchange:
         return None
 
 
-def plain_sum(grads_and_vars, replica_context, step) -> list:
-    """Keras's plain gradient sum, through `Comm` (the TCP ring's sums on CPU workers, the
+def plain_sum(grads_and_vars, replica_context, step, ring) -> list:
+    """Keras's plain gradient sum, through `Comm` (`ring`'s sums on CPU workers, the
     model-parallel shards' in their own devices' groups, sparse gradients gathered), each replica's
     gradients weighted by its examples where its `train_step` recorded them (`weights`)."""
     pairs = list(grads_and_vars)
-    comm = Comm(replica_context, step)
+    comm = Comm(replica_context, step, ring)
     grads, riders = [g for g, _ in pairs], []
     if weights.recorded_batch_size() is not None:
         grads, examples = weights.weigh(grads, comm.replicas)

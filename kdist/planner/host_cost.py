@@ -9,7 +9,7 @@ import json
 import time
 
 import kdist
-from kdist.exchange.comm import Comm
+from kdist.exchange.comm import Comm, tcp_ring
 
 
 def task(payload: int, out: str, repeats: int = 20) -> None:
@@ -18,10 +18,12 @@ def task(payload: int, out: str, repeats: int = 20) -> None:
     import tensorflow as tf
 
     values = tf.ones([payload // 4])
+    ring = tcp_ring(strategy)
 
     @tf.function
     def all_reduce():  # as the gradients are summed: kdist's TCP ring on CPU workers
-        return strategy.run(lambda: Comm(tf.distribute.get_replica_context(), step=None)
+        context = tf.distribute.get_replica_context
+        return strategy.run(lambda: Comm(context(), step=None, ring=ring)
                             .all_reduce_sum([values])[0])
 
     for _ in range(3):

@@ -33,6 +33,7 @@ class KdistHooks(Hooks):
         """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
         ask for to its optimizer."""
         from kdist.exchange import Exchange, weights
+        from kdist.exchange.comm import tcp_ring
         from kdist.wiring import options as training_options
 
         options = training_options.active()
@@ -55,7 +56,8 @@ class KdistHooks(Hooks):
         if states.exchange_of(optimizer) is not None:
             raise ValueError("this optimizer is already bound by kdist; create a new optimizer "
                              "(or model) per compression setting")
-        states.bind_exchange(optimizer, Exchange(optimizer, options, keras_accumulation))
+        ring = tcp_ring(model.distribute_strategy)  # the exchange's, decided once: at compile
+        states.bind_exchange(optimizer, Exchange(optimizer, options, ring, keras_accumulation))
 
     def after_symbolic_build(self, model, epoch_iterator) -> None:
         from kdist.balance import fitting
@@ -93,9 +95,10 @@ class KdistHooks(Hooks):
         exchange = states.exchange_of(optimizer)
         if exchange is not None:
             summed = exchange.exchange(grads_and_vars, context)
-        elif tcp_ring(context.strategy) is not None or weights.recorded_batch_size() is not None \
+        elif (ring := tcp_ring(context.strategy)) is not None \
+                or weights.recorded_batch_size() is not None \
                 or placement.own_group_devices([v for _, v in grads_and_vars], context.strategy):
-            summed = plain_sum(grads_and_vars, context, optimizer.iterations)
+            summed = plain_sum(grads_and_vars, context, optimizer.iterations, ring)
         else:
             summed = original(optimizer, grads_and_vars)
         if timed:

@@ -26,7 +26,8 @@ from kdist.wiring.options import TrainingOptions  # noqa: E402
 
 def bind_by_hand(optimizer, compressor):
     """Binds an exchange with `compressor` as it is (kdist.scope() would not bind NoCompression)."""
-    state.bind_exchange(optimizer, Exchange(optimizer, TrainingOptions(compression=compressor)))
+    state.bind_exchange(optimizer, Exchange(optimizer, TrainingOptions(compression=compressor),
+                                                 ring=None))  # Mirrored: no TCP ring
 
 report = {}
 rng = np.random.default_rng(0)
@@ -191,7 +192,7 @@ def exactness():
         context = tf.distribute.get_replica_context()
         scale = tf.cast(context.replica_id_in_sync_group + 1, tf.float32)
         grad = scale * (u @ v)  # replicas differ, the sum (3 u v) has rank 2
-        comm = compression.Comm(context, tf.constant(0, tf.int64))
+        comm = compression.Comm(context, tf.constant(0, tf.int64), ring=None)
         return compression.PowerSGD(rank=2).aggregate([grad], states, comm)[0]
 
     return strategy.run(replica)
