@@ -43,6 +43,19 @@ def test_n_replicas_equal_one_device_with_n_times_the_batch(replicas):
 
 
 @pytest.mark.parametrize("replicas", [2, 4])
+def test_a_metric_reset_reduces_nothing(replicas):
+    """Fix metric_reset_without_collective: `reset_metrics()` (each epoch's start in fit and
+    evaluate) zeroes every replica's copy of each metric variable and reduces none; upstream,
+    TensorFlow reads each assigned variable back across the replicas (under MultiWorkerMirrored a
+    collective between the workers per variable per epoch, each leaving memory behind)."""
+    report = equivalence(replicas)
+    assert report["metric_variables"] >= 2  # the loss tracker's total and count
+    assert report["reset_reduces"] == 0
+    assert report["metric_copies_reset"] == [0.0] * (replicas * report["metric_variables"])
+    assert report["reset_reduces_upstream"] == report["metric_variables"]
+
+
+@pytest.mark.parametrize("replicas", [2, 4])
 def test_a_generators_batches_train_as_one_device(replicas):
     """Two epochs of a generator yielding views of the user's arrays, in 64-byte-aligned memory
     (where NumPy puts large arrays): the same weights as one device, and the arrays untouched."""

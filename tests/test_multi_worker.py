@@ -219,6 +219,21 @@ def test_kdists_epoch_reports_ride_the_ring_not_a_traced_all_gather(job):
         assert report["host_rows"] == [[0.0, 0.5], [1.0, 1.5]]
 
 
+def test_metrics_are_read_and_reset_without_tensorflows_collectives(job):
+    """Hook metric_results_in_one_sum and fix metric_reset_without_collective: reading the
+    metrics outside a step (each epoch's end, evaluate's) sums every metric variable over kdist's
+    TCP ring at once, and a reset reads nothing back: no TensorFlow collective between the
+    workers, each of which leaves about 2 KB behind (benchmarks/soak.py); the same values as
+    TensorFlow's reduces, one per variable upstream (the loss tracker's two, accuracy's two)."""
+    for report in job["reports"].values():
+        assert report["metric_read_reduces"] == 0 and report["metric_reset_reduces"] == 0
+        assert report["metric_read_reduces_upstream"] == 4
+        reads = report["metric_reads"]
+        assert set(reads["ring"]) == set(reads["tf"]) == {"loss", "accuracy"}, reads
+        for name, value in reads["tf"].items():
+            assert reads["ring"][name] == pytest.approx(value, rel=1e-6), reads
+
+
 def test_topks_payloads_ride_the_ring_not_tensorflows_all_gather(job):
     """TopK(0.1) sends each kernel's largest entries and their indices, which every worker
     gathers: over kdist's TCP ring where it sums the gradients (one collective per dtype: the

@@ -524,6 +524,31 @@ class _Unmade:
         return next(self.made())
 
 
+
+# ----------------------------------------------------------------------------------------------
+# 13. Keras's TensorFlow `Variable._direct_assign` calls `tf.Variable.assign` with its default
+#     `read_value=True` and drops what it returns. On a SyncOnRead variable (every metric's, under
+#     a strategy) TensorFlow reads the assigned value back in cross-replica context: a reduce of
+#     every replica's copy, under MultiWorkerMirrored an eager collective across the workers.
+#     `reset_metrics()` at each epoch's start (fit, evaluate) ran one per metric variable, each
+#     waiting for every worker and leaving about 2 KB of TensorFlow's memory behind (measured: 2,000
+#     eager reads of a SyncOnRead variable on 2 workers grew each by 2,067 B a read), the most of
+#     what a long fit of short epochs grew beyond plain Keras's (benchmarks/soak.py). The value is
+#     assigned without the read back.
+def _assign_without_read_back(original):
+    @functools.wraps(original)
+    def _direct_assign(self, value):
+        import tensorflow as tf
+
+        variable = self._value
+        if not (isinstance(variable, tf.distribute.DistributedValues)
+                and variable.synchronization == tf.VariableSynchronization.ON_READ):
+            return original(self, value)
+        variable.assign(tf.cast(value, variable.dtype), read_value=False)
+
+    return _direct_assign
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -677,6 +702,12 @@ FIXES = [
           keras_versions=("3.5.0", "3.7.99"), fixed_in="3.8.0",
           why="a replica whose share of a short last batch is empty logs a NaN loss (0 / 0) "
               "for the epoch"),
+    Patch("metric_reset_without_collective", FIX,
+          {Target("Variable", "_direct_assign"): _assign_without_read_back},
+          upstream="none filed; see kdist/keras_seam/fixes.py",
+          why="every epoch's metric reset under several replicas reduces each metric variable "
+              "across the replicas to read back a value Keras drops: one collective per variable "
+              "between the workers at every epoch's start, each leaving memory behind"),
     Patch("ps_chief_exits_after_a_lost_worker", FIX,
           {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
           upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",

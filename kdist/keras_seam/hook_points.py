@@ -71,6 +71,19 @@ def _exchange(original):
     return _all_reduce_sum_gradients
 
 
+def _metric_results(original):
+    @functools.wraps(original)
+    def get_metrics_result(self):
+        import tensorflow as tf
+
+        if not tf.executing_eagerly() or (tf.distribute.has_strategy()
+                                          and tf.distribute.get_replica_context() is not None):
+            return original(self)  # inside a replica's step: its own copies, as Keras reads them
+        return connected().metric_results(self, original)
+
+    return get_metrics_result
+
+
 def _update_step(original):
     @functools.wraps(original)
     def _backend_update_step(self, grads, trainable_variables, learning_rate):
@@ -166,6 +179,10 @@ HOOKS = [
           {Target("TFOptimizer", "_all_reduce_sum_gradients"): _exchange},
           why="where Keras sums the replicas' gradients in one all-reduce, kdist's exchange "
               "weighs, buckets, compresses and routes them (kdist.exchange)"),
+    Patch("metric_results_in_one_sum", HOOK,
+          {Target("BaseTrainer", "get_metrics_result"): _metric_results},
+          why="kdist reads every metric variable across the workers in one sum over its TCP "
+              "ring (kdist.exchange.metric_sums)"),
     Patch("local_accumulation", HOOK,
           {Target("TFOptimizer", "_backend_update_step"): _update_step},
           why="aggregate_every=k accumulates k steps locally and exchanges once (Keras's "

@@ -45,6 +45,12 @@ class Hooks:
         the next step's begin (False under ``steps_per_execution > 1``)."""
         return [strategy.reduce("MEAN", value, axis=None) for value in scalars]
 
+    def metric_results(self, model, original) -> dict:
+        """`model.get_metrics_result()` called outside a replica's step (an epoch's end in
+        `fit`, the end of `evaluate`): each metric's result across the replicas (Keras: each
+        metric variable read across them, one reduce each)."""
+        return original(model)
+
     def update_step(self, optimizer, grads, variables, learning_rate, original):
         """The optimizer updates `variables` with `grads` (Keras: exchange, then apply)."""
         return original(optimizer, grads, variables, learning_rate)

@@ -110,6 +110,24 @@ class KdistHooks(Hooks):
 
         return scalar_means(strategy, scalars, ring_allowed=one_step_per_call)
 
+    def metric_results(self, model, original) -> dict:
+        """Where kdist's TCP ring sums the gradients, every metric variable is read across the
+        workers in one sum over the ring (`kdist.exchange.metric_sums`), not in one TensorFlow
+        collective each."""
+        import keras
+
+        from kdist.exchange import metric_sums
+        from kdist.exchange.comm import tcp_ring
+        strategy = keras_internals.strategy_of(model)
+        ring = tcp_ring(strategy) if strategy is not None else None
+        variables = [v for metric in model.metrics for v in metric.variables]
+        if ring is None or not all(metric_sums.summable(v.value) for v in variables):
+            return original(model)
+        values = metric_sums.sums_over_ring(ring, [v.value for v in variables],
+                                            strategy.num_replicas_in_sync)
+        with keras.StatelessScope(state_mapping=list(zip(variables, values))):
+            return original(model)
+
     def update_step(self, optimizer, grads, variables, learning_rate, original):
         exchange = states.exchange_of(optimizer)
         if exchange is None:

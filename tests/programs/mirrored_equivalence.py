@@ -128,6 +128,29 @@ if spe_fix_active:
     spe_fix.install()
 
 
+def reduces(run) -> int:
+    """How many reduces across the replicas `run()` makes."""
+    calls = []
+    original = strategy.extended.reduce_to
+    strategy.extended.reduce_to = lambda *a, **k: calls.append(1) or original(*a, **k)
+    try:
+        run()
+    finally:
+        del strategy.extended.reduce_to
+    return len(calls)
+
+
+# Fix metric_reset_without_collective: a metric reset reduces nothing, and zeroes every replica's
+# copy; upstream (the fix uninstalled) it reduces each metric variable to read it back.
+reset_reduces = reduces(distributed.reset_metrics)
+metric_copies_reset = [float(copy.numpy()) for v in distributed.metrics_variables
+                       for copy in v.value.values]
+reset_fix = keras_seam.patch("metric_reset_without_collective")
+reset_fix.uninstall()
+reset_reduces_upstream = reduces(distributed.reset_metrics)
+reset_fix.install()
+
+
 # Upstream without kdist's loss scaling (keras-team/keras#19891, Keras < 3.8): N times the update.
 scaling_fix = keras_seam.patch("loss_scaled_per_replica")
 scaling_was_active = scaling_fix.active
@@ -167,4 +190,8 @@ print(json.dumps({
     "spe3_upstream_error": upstream_error,
     "spe3_fix_active": spe_fix_active,
     "spe3_refused": spe3_refused,
+    "metric_variables": len(distributed.metrics_variables),
+    "reset_reduces": reset_reduces,
+    "metric_copies_reset": metric_copies_reset,
+    "reset_reduces_upstream": reset_reduces_upstream,
 }))
