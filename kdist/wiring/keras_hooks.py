@@ -121,7 +121,8 @@ class KdistHooks(Hooks):
         strategy = keras_internals.strategy_of(model)
         ring = tcp_ring(strategy) if strategy is not None else None
         variables = [v for metric in model.metrics for v in metric.variables]
-        if ring is None or not all(metric_sums.summable(v.value) for v in variables):
+        if ring is None or not variables or \
+                not all(metric_sums.summable(v.value) for v in variables):
             return original(model)
         values = metric_sums.sums_over_ring(ring, [v.value for v in variables],
                                             strategy.num_replicas_in_sync)
