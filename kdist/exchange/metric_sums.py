@@ -4,8 +4,9 @@ ring for them all.
 
 Reading a metric's variable at an epoch's end is, under MultiWorkerMirrored, one eager TensorFlow
 collective between the workers per variable (a Mean metric has two), and each such collective
-leaves about 2 KB of TensorFlow's memory behind for the life of the process (measured: 1.6-2.1 KB
-per read, eager or traced, 2 workers; benchmarks/soak.py). Where kdist's TCP ring sums the
+leaves about 2 KB of TensorFlow's memory behind for the life of the process (measured by hand:
+2,000 reads of a SyncOnRead variable on 2 workers, 2.1 KB a read eagerly, 1.6 KB traced; the
+growth shows in benchmarks/soak.py). Where kdist's TCP ring sums the
 gradients, each worker adds up its own replicas' copies and the ring sums those, every variable
 at once. Every worker calls it at the same point of its program, as any collective.
 
@@ -19,7 +20,7 @@ at once. Every worker calls it at the same point of its program, as any collecti
 
 from __future__ import annotations
 
-ONE_READ = {"SUM": 1.0, "MEAN": None}  # what a cross-replica read is: the sum, or the mean
+READ_AS = ("SUM", "MEAN")  # the aggregations whose cross-replica read is a sum or a mean
 
 
 def summable(variable) -> bool:
@@ -29,7 +30,7 @@ def summable(variable) -> bool:
 
     return (isinstance(variable, tf.distribute.DistributedValues)
             and variable.synchronization == tf.VariableSynchronization.ON_READ
-            and variable.aggregation.name in ONE_READ)
+            and variable.aggregation.name in READ_AS)
 
 
 def sums_over_ring(ring, variables: list, replicas: int) -> list:
