@@ -1,6 +1,6 @@
-"""`sums_over_ring(ring, variables)`: what reading each SyncOnRead variable across the replicas
-gives (its sum, or its mean, over every replica of every worker), in one collective of the TCP
-ring for them all.
+"""`sums_over_ring(ring, variables, replicas)`: what reading each SyncOnRead variable across the
+replicas gives (its sum, or its mean, over every replica of every worker), in one collective of
+the TCP ring for them all.
 
 Reading a metric's variable at an epoch's end is, under MultiWorkerMirrored, one eager TensorFlow
 collective between the workers per variable (a Mean metric has two), and each such collective

@@ -121,11 +121,10 @@ class KdistHooks(Hooks):
         strategy = keras_internals.strategy_of(model)
         ring = tcp_ring(strategy) if strategy is not None else None
         variables = [v for metric in model.metrics for v in metric.variables]
-        if ring is None or not variables or \
-                not all(metric_sums.summable(v.value) for v in variables):
+        distributed = [v.value for v in variables]  # TensorFlow's SyncOnRead variables
+        if ring is None or not variables or not all(map(metric_sums.summable, distributed)):
             return original(model)
-        values = metric_sums.sums_over_ring(ring, [v.value for v in variables],
-                                            strategy.num_replicas_in_sync)
+        values = metric_sums.sums_over_ring(ring, distributed, strategy.num_replicas_in_sync)
         with keras.StatelessScope(state_mapping=list(zip(variables, values))):
             return original(model)
 

@@ -17,6 +17,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from kdist.keras_seam import patches as keras_seam  # noqa: E402
+from collective_counts import reduces  # noqa: E402
 
 PER_REPLICA, STEPS = 8, 5
 rng = np.random.default_rng(1)
@@ -128,26 +129,14 @@ if spe_fix_active:
     spe_fix.install()
 
 
-def reduces(run) -> int:
-    """How many reduces across the replicas `run()` makes."""
-    calls = []
-    original = strategy.extended.reduce_to
-    strategy.extended.reduce_to = lambda *a, **k: calls.append(1) or original(*a, **k)
-    try:
-        run()
-    finally:
-        del strategy.extended.reduce_to
-    return len(calls)
-
-
 # Fix metric_reset_without_collective: a metric reset reduces nothing, and zeroes every replica's
 # copy; upstream (the fix uninstalled) it reduces each metric variable to read it back.
-reset_reduces = reduces(distributed.reset_metrics)
+reset_reduces = reduces(strategy, distributed.reset_metrics)
 metric_copies_reset = [float(copy.numpy()) for v in distributed.metrics_variables
                        for copy in v.value.values]
 reset_fix = keras_seam.patch("metric_reset_without_collective")
 reset_fix.uninstall()
-reset_reduces_upstream = reduces(distributed.reset_metrics)
+reset_reduces_upstream = reduces(strategy, distributed.reset_metrics)
 reset_fix.install()
 
 

@@ -28,6 +28,7 @@ from kdist.exchange import host_rows  # noqa: E402
 from kdist.keras_seam import classes, hooks  # noqa: E402
 from kdist.keras_seam.registry import FIX, Patch, Target  # noqa: E402
 from kdist.keras_seam.versions import version  # noqa: E402
+from collective_counts import reduces  # noqa: E402
 
 TFEpochIterator = classes.resolve("TFEpochIterator")  # TensorFlowTrainer's module, whatever its name
 
@@ -142,32 +143,18 @@ report["evaluate"] = evaluation
 report["reference_accuracy"] = float((logits.argmax(1) == y).mean())
 report["reference_loss"] = float(keras.losses.SparseCategoricalCrossentropy(from_logits=True)(y, logits))
 
-
-
-def reduces(run) -> int:
-    """How many of TensorFlow's reduces across the replicas `run()` makes."""
-    calls = []
-    original = strategy.extended.reduce_to
-    strategy.extended.reduce_to = lambda *a, **k: calls.append(1) or original(*a, **k)
-    try:
-        run()
-    finally:
-        del strategy.extended.reduce_to
-    return len(calls)
-
-
 # kdist reads the metrics outside a step in one sum over its TCP ring (hook
 # metric_results_in_one_sum), and resets them without reading them back (fix
 # metric_reset_without_collective): no TensorFlow collective, each of which leaves memory behind.
 # Upstream (the hook uninstalled): one reduce per metric variable, the same values.
 read_hook = keras_seam.patch("metric_results_in_one_sum")
 report["metric_reads"] = {"ring": {k: float(v) for k, v in model.get_metrics_result().items()}}
-report["metric_read_reduces"] = reduces(model.get_metrics_result)
+report["metric_read_reduces"] = reduces(strategy, model.get_metrics_result)
 read_hook.uninstall()
 report["metric_reads"]["tf"] = {k: float(v) for k, v in model.get_metrics_result().items()}
-report["metric_read_reduces_upstream"] = reduces(model.get_metrics_result)
+report["metric_read_reduces_upstream"] = reduces(strategy, model.get_metrics_result)
 read_hook.install()
-report["metric_reset_reduces"] = reduces(model.reset_metrics)
+report["metric_reset_reduces"] = reduces(strategy, model.reset_metrics)
 
 # Upstream without kdist's metric fix (keras-team/keras#21061, Keras < 3.10): metric variables are
 # not combined across workers, so each worker's evaluate counts only the examples it saw.
