@@ -116,6 +116,7 @@ OWNERS = {
     "utils module": _public("utils"),
     "ParameterServerStrategy": lambda: importlib.import_module(
         "tensorflow").distribute.experimental.ParameterServerStrategy,
+    "eager context module": lambda: importlib.import_module("tensorflow.python.eager.context"),
     "multi-device iterator module": lambda: importlib.import_module(
         "tensorflow.python.data.ops.multi_device_iterator_ops"),
 }

@@ -549,6 +549,26 @@ def _assign_without_read_back(original):
     return _direct_assign
 
 
+# ----------------------------------------------------------------------------------------------
+# 14. TensorFlow's `context.executor_scope(e)` saves the thread's executor as a Python `Executor`
+#    whose `__del__` waits for every pending node of it, and for a thread without an executor of
+#    its own that is the context's default executor, shared by all threads. The parameter-server
+#    coordinator runs each closure in such a scope, so each worker's thread, leaving it, waits
+#    for whatever is pending on the default executor: among it, the deletion of a tensor that
+#    lives on another worker (a step's output, a model's per-worker resources after a garbage
+#    collection), which waits without a deadline for that worker's answer. One worker frozen
+#    (SIGSTOP, a paused VM) at such a moment held every worker's next step: ksync:2 made 1
+#    update in 10 s after 5 of 15 stops here (stacks: each worker's thread in
+#    `Executor.__del__` -> `WaitForAllPendingNodes`), 0 of 20 with the fix. kdist restores the
+#    thread's executor without waiting for it.
+def _executor_restored_without_waiting(original):
+    @functools.wraps(original)
+    def executor_scope(executor):
+        return tf_internals.executor_scope(executor)
+
+    return executor_scope
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -708,6 +728,12 @@ FIXES = [
           why="every epoch's metric reset under several replicas reduces each metric variable "
               "across the replicas to read back a value Keras drops: one collective per variable "
               "between the workers at every epoch's start, each leaving memory behind"),
+    Patch("ps_steps_without_waiting_for_a_frozen_worker", FIX,
+          {Target("eager context module", "executor_scope"): _executor_restored_without_waiting},
+          upstream="none filed; see kdist/keras_seam/fixes.py",
+          why="under ParameterServerStrategy, one worker frozen while a tensor of it is being "
+              "deleted holds every other worker's steps until it goes on: each worker's "
+              "thread, leaving a step, waits for the context's pending deletions"),
     Patch("ps_chief_exits_after_a_lost_worker", FIX,
           {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
           upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",

@@ -10,6 +10,7 @@ runs them on every supported TensorFlow.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 from kdist import global_state
@@ -220,6 +221,27 @@ def skip_remote_function_removal() -> None:
     from tensorflow.python.eager import context
 
     context.context().remove_function = lambda name: None
+
+
+@contextlib.contextmanager
+def executor_scope(executor):
+    """TensorFlow's `context.executor_scope`: eager ops of this thread run on `executor` in the
+    block; afterwards on the executor the thread had, restored without waiting for its pending
+    nodes (TensorFlow's own wraps it in a Python `Executor`, whose finaliser waits for them).
+    Through the C API (`pywrap_tfe`): the Python wrapper always waits."""
+    from tensorflow.python import pywrap_tfe
+    from tensorflow.python.eager import context
+
+    runtime = context.context()
+    runtime.ensure_initialized()
+    handle = runtime._context_handle
+    previous = pywrap_tfe.TFE_ContextGetExecutorForThread(handle)  # a new handle, not owning it
+    try:
+        runtime.executor = executor
+        yield
+    finally:
+        pywrap_tfe.TFE_ContextSetExecutorForThread(handle, previous)
+        pywrap_tfe.TFE_DeleteExecutor(previous)  # the handle only
 
 
 # ------------------------------------------------------------------ tf.data

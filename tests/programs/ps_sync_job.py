@@ -10,6 +10,8 @@ trains one small MLP per case and writes OUT/sync.json:
                   update) and until 2 updates, at most PROGRESS_SECONDS, for ksync:2
   stale0, kbatch2 the modes' epoch logs and staleness histograms on shuffled data
   refused         ps_sync errors (bad value)
+  closures_while_stopped[_upstream]  TensorFlow's coordinator alone, worker 2 stopped while a
+                  deletion waits for it: closures the others complete, with kdist's fix and without
   on_the_worker   the ops of the critical section placed where the step runs (the worker)
 """
 
@@ -17,6 +19,7 @@ import gc
 import json
 import os
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -30,6 +33,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 from kdist import model_state  # noqa: E402
+from kdist.keras_seam import patches as keras_seam  # noqa: E402
 from ps_helpers import ExampleCount, task_process  # noqa: E402
 
 STEPS, BATCH, STOP_SECONDS, PROGRESS_SECONDS = 16, 32, 6, 60
@@ -138,6 +142,56 @@ report["ksync3_equal"] = {
     "max_weight_difference": max(float(np.abs(a - b).max()) for a, b in
                                  zip(model.get_weights(), reference.get_weights()))}
 
+
+
+def closures_while_worker_2_is_stopped(strategy, wait):
+    """TensorFlow alone (its coordinator, a ps counter): worker 2 is stopped while the deletion of
+    a tensor that lives on it is pending, then 8 closures that count on the ps are scheduled; the
+    closures counted within `wait` seconds (at most 8; the one worker 2 took waits for it).
+    Upstream, each other worker's thread, leaving its first closure, waits for that deletion
+    (fix ps_steps_without_waiting_for_a_frozen_worker): 2 at most."""
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        counter = tf.Variable(0, dtype=tf.int64)
+
+    @tf.function
+    def count():
+        counter.assign_add(1)
+
+    coordinator.schedule(count)  # traced and sent to every worker before the stop
+    coordinator.join()
+    process = task_process(spec, "worker", 2)
+    with tf.device("/job:worker/replica:0/task:2"):
+        held = tf.constant([1.0]) * 2.0
+    gc.collect()
+    gc.disable()
+    process.send_signal(signal.SIGSTOP)
+    # another process: a TensorFlow call that waits for worker 2 may hold this one's GIL
+    safety = subprocess.Popen(["sh", "-c", f"sleep {wait + 5}; kill -CONT {process.pid}"])
+    try:
+        del held  # its deletion waits for worker 2
+        for _ in range(8):
+            coordinator.schedule(count)
+        deadline = time.monotonic() + wait
+        while int(counter.numpy()) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return int(counter.numpy()) - 1
+    finally:
+        process.send_signal(signal.SIGCONT)
+        safety.kill()
+        safety.wait()
+        gc.enable()
+        coordinator.join()
+
+
+# Fix ps_steps_without_waiting_for_a_frozen_worker: the other workers' closures go on (waiting up
+# to 30 s for 7 of 8); upstream (the fix uninstalled) they stop after one each (a 10 s window).
+strategy = model.distribute_strategy
+report["closures_while_stopped"] = closures_while_worker_2_is_stopped(strategy, 30)
+frozen_fix = keras_seam.patch("ps_steps_without_waiting_for_a_frozen_worker")
+frozen_fix.uninstall()
+report["closures_while_stopped_upstream"] = closures_while_worker_2_is_stopped(strategy, 10)
+frozen_fix.install()
 
 
 def on_the_worker(graph, inside=False):
