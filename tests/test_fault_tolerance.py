@@ -178,9 +178,10 @@ def test_a_machine_whose_network_stops_is_named_first_in_both_summaries(netns, t
     launches end within the bound, and each summary's first failure names the other side by task
     and address: A's says worker:1 stopped, B's that worker:0 (which runs TensorFlow's
     coordination service) stopped answering. Arrays read in order run a TensorFlow collective at
-    each step, so TF's heartbeat finds it first (at 40% of the bound): TF's own messages name a
-    task on the line below, or only the heartbeat's RPC (`kdist.lost_peers` names it). Shuffled
-    arrays ask TF no collective: kdist's ring hears the silence (at 80%) and names the peer."""
+    each step, so TF's heartbeat usually finds it first (at 40% of the bound): TF's own messages
+    name a task on the line below, or only the heartbeat's RPC (`kdist.lost_peers` names it). If
+    the cut finds a worker waiting in kdist's ring instead, the ring names the peer (at 80%; once
+    in CI). Shuffled arrays ask TF no collective: kdist's ring hears the silence."""
     from kdist.k8s import netlab
 
     bound = 10
@@ -223,9 +224,12 @@ def test_a_machine_whose_network_stops_is_named_first_in_both_summaries(netns, t
     assert named_a, a[-4000:]
     assert named_b, b[-4000:]
     print(named_a.group(0), named_b.group(0), sep="\n")
-    if inputs == "arrays in order":  # TF's collective each step: its heartbeat's verdict first
-        assert "stopped sending heartbeats" in named_a.group(0)
-        assert "which runs TensorFlow's coordination service" in named_b.group(0)
+    # TF's verdict, where it came first, is TF's message made to name the peer (kdist.lost_peers:
+    # TF's own names no address). It comes first where TF's collective was waiting at the cut
+    # (arrays in order, most runs); where kdist's ring was, the ring names the peer at 80%.
+    for named, tf_words in ((named_a, "stopped sending heartbeats"),
+                            (named_b, "which runs TensorFlow's coordination service")):
+        assert "RingError" in named.group(0) or tf_words in named.group(0), named.group(0)
 
 
 def trained(out, task):
