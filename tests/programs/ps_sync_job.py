@@ -58,6 +58,18 @@ def build(mode):
     return model
 
 
+def sigcont_later(process, seconds):
+    """Sends `process` SIGCONT after `seconds`, from a process of its own: a TensorFlow call of
+    this one that waits for the stopped worker may hold the GIL, and then no Python timer runs.
+    Cancel it with `cancel(safety)` once the worker is resumed."""
+    return subprocess.Popen(["sh", "-c", f"sleep {seconds}; kill -CONT {process.pid}"])
+
+
+def cancel(safety):
+    safety.kill()
+    safety.wait()
+
+
 class StopWorker(keras.callbacks.Callback):
     """SIGSTOPs worker 2 when epoch 1 begins and SIGCONTs it once `until_updates` optimizer
     updates were applied meanwhile (at most PROGRESS_SECONDS later), or, without it,
@@ -67,8 +79,8 @@ class StopWorker(keras.callbacks.Callback):
     tf2.17 tier hung in that window, the chief's main thread in its garbage collector freeing a
     traced function (`context.remove_function`, which removes it from every worker and can wait
     for worker 2); any TensorFlow op of the chief, such as the read of the update count before
-    the SIGCONT, may then wait too. So the collector is off during the stop, and a timer that
-    runs no TensorFlow op sends the SIGCONT even if the read waits."""
+    the SIGCONT, may then wait too. So the collector is off during the stop, and another process
+    sends the SIGCONT even if the read waits (`sigcont_later`)."""
 
     def __init__(self, until_updates=None):
         super().__init__()
@@ -95,8 +107,7 @@ class StopWorker(keras.callbacks.Callback):
         process.send_signal(signal.SIGSTOP)
         # started before any TensorFlow op of the chief: the read just below may wait too
         longest = STOP_SECONDS if self.until_updates is None else PROGRESS_SECONDS
-        self.safety = threading.Timer(longest + 5, process.send_signal, (signal.SIGCONT,))
-        self.safety.start()
+        self.safety = sigcont_later(process, longest + 5)
         before = int(self.model.optimizer.iterations.numpy())
 
         def resume():
@@ -106,7 +117,7 @@ class StopWorker(keras.callbacks.Callback):
             finally:
                 self.seconds_stopped = time.monotonic() - started
                 process.send_signal(signal.SIGCONT)
-                self.safety.cancel()
+                cancel(self.safety)
                 gc.enable()
             # The tf2.17 tier also hung with worker 2 still stopped after this thread had ended
             # (its stacks, from kdist launch --timeout): SIGCONT again until the epoch ends.
@@ -166,8 +177,7 @@ def closures_while_worker_2_is_stopped(strategy, wait):
     gc.collect()
     gc.disable()
     process.send_signal(signal.SIGSTOP)
-    # another process: a TensorFlow call that waits for worker 2 may hold this one's GIL
-    safety = subprocess.Popen(["sh", "-c", f"sleep {wait + 5}; kill -CONT {process.pid}"])
+    safety = sigcont_later(process, wait + 5)
     try:
         del held  # its deletion waits for worker 2
         for _ in range(8):
@@ -178,8 +188,7 @@ def closures_while_worker_2_is_stopped(strategy, wait):
         return int(counter.numpy()) - 1
     finally:
         process.send_signal(signal.SIGCONT)
-        safety.kill()
-        safety.wait()
+        cancel(safety)
         gc.enable()
         coordinator.join()
 
