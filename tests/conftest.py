@@ -9,6 +9,9 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PROGRAMS = os.path.join(ROOT, "tests", "programs")
+# suite_profile: KDIST_SUITE_PROFILE=FILE, where the time goes, per test; tier_marks: the
+# `compat` and `quick` markers from tests/tiers/*.txt
+pytest_plugins = ["suite_profile", "tier_marks"]
 collect_ignore = ["programs", "conformance/programs"]  # scripts run in child processes, never imported by pytest
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1"}
 # Ray starts its workers at nice 15 unless told otherwise: beside a CPU hog (issue 35's loaded

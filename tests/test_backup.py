@@ -18,7 +18,6 @@ import pytest
 import kdist
 from kdist.fault_tolerance import backup
 
-pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 X = np.random.default_rng(0).normal(size=(64, 4)).astype("float32")
 Y = X.sum(axis=1, keepdims=True)

@@ -9,10 +9,6 @@ import pytest
 
 from conftest import run_kdist, run_python
 
-# The compatibility tier (.ci/compat) runs the Mirrored checks, which exercise the Keras internals
-# balance relies on; the 2-worker run adds no version-specific path and stays in the full suite.
-compat = pytest.mark.compat
-
 
 @pytest.fixture(scope="module")
 def mirrored_report(tmp_path_factory):
@@ -30,7 +26,6 @@ def assert_equals_plain_keras(run):
     assert run["accuracy"] == pytest.approx(run["reference_accuracy"], abs=1e-6)
 
 
-@compat
 def test_fixed_shares_split_every_batch_and_train_like_the_global_batch(mirrored_report):
     fixed = mirrored_report["fixed"]
     assert mirrored_report["replicas"] == 2
@@ -39,7 +34,6 @@ def test_fixed_shares_split_every_batch_and_train_like_the_global_batch(mirrored
     assert_equals_plain_keras(fixed)
 
 
-@compat
 def test_measured_shares_train_like_the_global_batch(mirrored_report):
     measured = mirrored_report["measured"]
     assert sum(measured["shares"]) == pytest.approx(1.0)
@@ -48,7 +42,6 @@ def test_measured_shares_train_like_the_global_batch(mirrored_report):
     assert_equals_plain_keras(measured)
 
 
-@compat
 def test_what_cannot_be_balanced_is_refused_with_the_fix(mirrored_report):
     assert "aggregate_every" in mirrored_report["refused_aggregate_every"]
     assert mirrored_report["refused_length"] == (
@@ -56,7 +49,6 @@ def test_what_cannot_be_balanced_is_refused_with_the_fix(mirrored_report):
         '(replica_id_in_sync_group order), or balance="measure"')
 
 
-@compat
 @pytest.mark.parametrize("value, problem", [
     ("fast", "'fast' is neither 'measure' nor a list of shares"),
     (3, "3 is neither 'measure' nor a list of shares"),

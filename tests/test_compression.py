@@ -7,7 +7,6 @@ import pytest
 
 from conftest import run_python, run_report
 
-pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 
 @pytest.fixture(scope="module")

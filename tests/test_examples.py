@@ -55,7 +55,6 @@ def test_bad_data_source_is_a_clear_error():
         mnist_data.resolve("cifar")
 
 
-@pytest.mark.compat
 def test_example_launches_itself_on_two_workers_and_falls_back_offline(tmp_path):
     """`python examples/mnist_multiworker.py` with no TF_CONFIG and no other set-up (the flags
     given to the parent reach the workers)."""
@@ -86,7 +85,6 @@ def test_example_trains_as_a_task_under_tf_config(tmp_path):
                      r"2 replica\(s\)", output), output[-4000:]
 
 
-@pytest.mark.compat
 def test_parameter_server_example_launches_chief_workers_and_ps(tmp_path):
     result = run_python(["examples/mnist_parameter_server.py", "--data=digits", "--epochs=3",
                          f"--backup_dir={tmp_path / 'backup'}"], timeout=300,

@@ -73,7 +73,6 @@ def test_a_sigkilled_worker_is_restarted_and_training_resumes_at_the_saved_step(
     assert difference < 1e-4
 
 
-@pytest.mark.compat  # the coordination service's key-value store on every TF
 def test_sigterm_saves_on_every_worker_exits_75_and_the_restart_redoes_nothing(tmp_path):
     log = launch_fault_job(tmp_path, "--fault", "worker:1:0:1:7:TERM",
                            launch_args=["--max-restarts", "1"])

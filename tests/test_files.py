@@ -15,7 +15,6 @@ import pytest
 from conftest import run_kdist
 from kdist.keras_seam import patches
 
-pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 WRITTEN = ["best.weights.h5", "epoch-1.keras", "epoch-2.keras", "epoch-3.keras", "exported",
            "log.csv", "model.keras", "model.weights.h5", "tensorboard", "worker-0.weights.h5",

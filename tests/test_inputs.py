@@ -12,7 +12,6 @@ from conftest import run_kdist, run_python
 from kdist.keras_seam import versions
 from kdist.keras_seam.versions import version
 
-pytestmark = pytest.mark.compat  # on every stack of the version matrix
 KERAS_FROM_3_16 = version(versions.installed(versions.KERAS_DISTRIBUTIONS)) >= (3, 16, 0)
 
 WORKERS = ("worker0", "worker1")

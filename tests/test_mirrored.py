@@ -7,7 +7,6 @@ import pytest
 from conftest import run_report
 from kdist.keras_seam.versions import version
 
-pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 
 @functools.lru_cache(maxsize=None)

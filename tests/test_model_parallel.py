@@ -83,7 +83,6 @@ def hybrid(tmp_path_factory):
     return [json.load(open(out / f"worker:{i}.json")) for i in (0, 1)]
 
 
-@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_trains_like_plain_keras_on_one_device_with_the_global_batch(hybrid):
     first, second = hybrid
     assert first["replicas"] == 2
@@ -94,7 +93,6 @@ def test_hybrid_trains_like_plain_keras_on_one_device_with_the_global_batch(hybr
     assert first["weights"] == second["weights"]  # identical on both workers
 
 
-@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_splits_the_storage_of_every_shard_and_its_optimizer_slots(hybrid):
     """Each worker's second device holds exactly its half of each split kernel (and of the column
     layer's bias), with their momentum slots; under TF's own MultiWorkerMirrored every variable
@@ -110,13 +108,11 @@ def test_hybrid_splits_the_storage_of_every_shard_and_its_optimizer_slots(hybrid
         assert report["optimizer_bytes"]["device:CPU:1"] == second_half  # SGD momentum slots
 
 
-@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_sums_each_shards_gradients_in_its_own_devices_group(hybrid):
     for report in hybrid:
         assert report["own_groups"] == ["device:CPU:1"]
 
 
-@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_checkpoints_and_backup_and_restore_resume_exactly(hybrid):
     for report in hybrid:
         assert report["restored_diff"] == 0.0 and report["restored_output_diff"] == 0.0
@@ -124,7 +120,6 @@ def test_hybrid_checkpoints_and_backup_and_restore_resume_exactly(hybrid):
         assert report["resumed_diff"] == 0.0
 
 
-@pytest.mark.compat  # TF internals of MirroredExtended and the collectives: every stack
 def test_hybrid_with_one_device_per_worker_is_plain_data_parallelism(hybrid):
     for report in hybrid:
         assert report["single_device_placements"] == ["device:CPU:0"]
@@ -137,7 +132,6 @@ def layouts():
     return run_report(["tests/programs/layout_checks.py"], timeout=300)
 
 
-@pytest.mark.compat  # Keras's LayoutMap matching changed across releases: run on every stack
 @pytest.mark.parametrize("block, converted", [("mlp", ["ModelParallelDense"] * 2),
                                               ("feed_forward", ["ModelParallelDense"] * 2),
                                               ("embedding_rows", ["ModelParallelEmbedding"]),
@@ -157,7 +151,6 @@ def test_a_keras_layout_map_converts_dense_and_embedding_layers_exactly(layouts,
     assert case["slot_bytes_per_device"] == {"0": half, "1": half}  # momentum next to its shard
 
 
-@pytest.mark.compat
 def test_layouts_kdist_cannot_honour_are_refused_naming_the_variable(layouts):
     refused = layouts["refused"]
     assert "conv/kernel'] = (None, None, None, 'model')" in refused["conv"]

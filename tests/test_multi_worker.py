@@ -20,7 +20,6 @@ from conftest import run_kdist, run_python
 from kdist.keras_seam import patches as keras_seam
 from kdist.keras_seam.versions import version
 
-pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 WORKERS = ("worker:0", "worker:1")
 

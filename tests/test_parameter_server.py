@@ -13,7 +13,6 @@ import pytest
 
 from conftest import run_kdist
 
-pytestmark = pytest.mark.compat  # the compatibility tier: run on every stack (.ci/compat)
 
 FAST_EXIT = {"KDIST_CHIEF_GRACE": "2"}  # servers leave 2 s after the chief is gone
 

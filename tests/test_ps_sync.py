@@ -9,7 +9,6 @@ import pytest
 from conftest import run_kdist
 from kdist.ps.sync import HISTOGRAM_BUCKETS, SyncMode
 
-pytestmark = pytest.mark.compat
 
 STEPS = 16
 

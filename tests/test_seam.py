@@ -442,7 +442,6 @@ def test_the_scope_options_reach_compile_through_one_context_variable():
     assert training_options.active() == TrainingOptions()
 
 
-@pytest.mark.compat
 def test_a_finalised_function_asks_for_its_removal_unless_kdist_turned_it_off():
     """ps_chief_exits_after_a_lost_worker: upstream, a traced function's finalizer asks the
     runtime to remove it from every task it ran on (what hangs a TF 2.22 parameter-server chief

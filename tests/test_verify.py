@@ -11,7 +11,6 @@ import pytest
 
 from conftest import run_kdist
 
-pytestmark = pytest.mark.compat  # on every stack of the version matrix
 PROGRAM = [sys.executable, "tests/programs/verify_job.py"]
 ROWS = 69  # the program's rows: 4 global batches of 16, and 5 rows (3 and 2) in the last
 

@@ -17,7 +17,6 @@ import pytest
 from conftest import ROOT, run_kdist, run_python
 from kdist.keras_seam.versions import version
 
-pytestmark = pytest.mark.compat  # on every stack of the version matrix
 
 PROGRAM = os.path.join(ROOT, "tests", "conformance", "programs", "idioms.py")
 MODES = ("mirrored", "multi_worker-worker0")
