@@ -141,10 +141,10 @@ def details(suites: dict) -> str:
     for name, figures in suites.items():
         out += ["" if out else None, f"| {name}: file | tests | seconds | Python processes |",
                 "|---|---:|---:|---:|"]
-        out += [f"| {file} | {e['tests']} | {e['seconds']} | {e['processes']} |"
+        out += [f"| `{file}` | {e['tests']} | {e['seconds']} | {e['processes']} |"
                 for file, e in list(figures["files"].items())[:15]]
         out += ["", f"| {SLOWEST} slowest ({name}) | seconds | cores busy |", "|---|---:|---:|"]
-        out += [f"| {s['test']} | {s['seconds']} | {s['cores_busy']} |"
+        out += [f"| `{s['test']}` | {s['seconds']} | {s['cores_busy']} |"
                 for s in figures["slowest"]]
     return "\n".join(line for line in out if line is not None)
 

@@ -37,6 +37,6 @@ def test_a_run_profile_names_its_phases_slowest_tests_and_processes(tmp_path):
     assert "| install | 1.0 | 0 |" in lines
     assert any(line.startswith("| main | 2 | 2 passed |") and line.endswith("| 1 |")
                for line in lines), shown.stdout  # one Python process started, by one test
-    slowest = [line for line in lines if line.startswith("| tests/test_sample.py::")]
-    assert slowest[0].startswith("| tests/test_sample.py::test_starts_a_python_process |")
-    assert slowest[1].startswith("| tests/test_sample.py::test_waits | 0.3 |")
+    slowest = [line for line in lines if line.startswith("| `tests/test_sample.py::")]
+    assert slowest[0].startswith("| `tests/test_sample.py::test_starts_a_python_process` |")
+    assert slowest[1].startswith("| `tests/test_sample.py::test_waits` | 0.3 |")

