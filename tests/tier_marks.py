@@ -1,9 +1,8 @@
 """The suite's tiers, marked from measured lists: `compat` and `quick` (see setup.cfg's markers).
 
 tests/tiers/compat.txt and tests/tiers/quick.txt each name test functions (`FILE::FUNCTION`, every
-parameter of one) and whole files (`FILE`: where its tests share a fixture), chosen by
-`.ci/tiers.py select` from a coverage run of the whole suite; what is listed gets the tier's
-marker at collection. tests/test_tiers.py fails when a listed test no
+parameter of one), chosen by `.ci/tiers.py select` from a coverage run of the whole suite; a listed
+function gets the tier's marker at collection. tests/test_tiers.py fails when a listed test no
 longer exists, so a rename cannot drop a test from a tier unnoticed.
 """
 
@@ -49,5 +48,5 @@ def pytest_collection_modifyitems(config, items):
     tiers = {tier: listed(tier) for tier in ("compat", "quick")}
     for item in items:
         for tier, names in tiers.items():
-            if function_id(item) in names or function_id(item).split("::")[0] in names:
+            if function_id(item) in names:
                 item.add_marker(getattr(pytest.mark, tier))
