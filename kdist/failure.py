@@ -76,6 +76,15 @@ def _headline(kind: str, message: str) -> str:
     return f"{kind}: {lost}" if lost else headline(kind, message)
 
 
+_ending = {"on_exception": False}
+
+
+def ending_on_exception() -> bool:
+    """Whether the program is ending on an uncaught exception (seen by `install`'s hook; atexit
+    handlers run after it)."""
+    return _ending["on_exception"]
+
+
 def install() -> None:
     """Chains `sys.excepthook` with the record, and under `kdist launch` dumps the stacks on
     `STACKS_SIGNAL` (once per process)."""
@@ -88,6 +97,8 @@ def install() -> None:
     previous = sys.excepthook
 
     def hook(kind, error, trace):
+        if not _an_extensions_aside(trace):
+            _ending["on_exception"] = True
         if not issubclass(kind, KeyboardInterrupt) and not _an_extensions_aside(trace):
             try:
                 write(record_of(error))

@@ -1,6 +1,10 @@
 """MultiWorkerMirroredStrategy: synchronous data parallelism across worker processes (collectives)."""
 
-from kdist import startup
+import atexit
+import logging
+import threading
+
+from kdist import failure, startup
 from kdist.devices import canonical_name
 from kdist.keras_seam import tf_internals
 from kdist.strategies.options import StrategyOptions
@@ -38,11 +42,54 @@ def build(cluster, options: StrategyOptions):
         if "at program startup" in str(err):
             raise RuntimeError(ORDERING_RULE) from err
         raise
+    if cluster.task_type in ("chief", "worker") and cluster.num_workers > 1:
+        _leave_together_at_exit(f"{cluster.task_type}-{cluster.task_index}",
+                                min(options.dead_peer_timeout, LEAVE_TIMEOUT_S))
     if options.all_reduce == "tcp" and len(strategy.extended.worker_devices) > 1:
         raise ValueError(f"all_reduce='tcp' sums one replica per worker, and each worker here has "
                          f"{len(strategy.extended.worker_devices)} (its GPUs): use 'auto' (NCCL "
                          "between GPUs), or devices=['/gpu:0']")
     return strategy
+
+
+# At most this long a task that ended normally waits at exit for the others (a peer that died is
+# found sooner, by the coordination service's heartbeat).
+LEAVE_TIMEOUT_S = 30.0
+_SAY_AFTER_S = 2.0
+_leaving = {"registered": False}
+
+
+def _leave_together_at_exit(task: str, timeout_s: float) -> None:
+    """At exit, a task waits for the others to reach their own exit, once per process.
+
+    A collective ends on each task when that task has its result, while a peer may still be
+    reading this task's part: a task that exits right after the program's last collective (fit's
+    last epoch report, a gather) closes its server under the peer, which then fails on "Socket
+    closed" although the training succeeded. The tasks therefore leave together, through the
+    coordination service's barrier. A program ending on an exception does not wait (its peers are
+    failing or are stopped by the launcher)."""
+    if _leaving["registered"]:
+        return
+    _leaving["registered"] = True
+    atexit.register(_leave_together, task, timeout_s)
+
+
+def _leave_together(task: str, timeout_s: float) -> None:
+    if failure.ending_on_exception():
+        return
+    logger = logging.getLogger("kdist")
+    waiting = (f"[kdist] {task}: the program ended; waiting up to {timeout_s:.0f} s for the other "
+               "workers to end theirs, so that none loses this worker while it reads its last results")
+    said = threading.Timer(_SAY_AFTER_S, logger.info, [waiting])
+    said.daemon = True
+    said.start()
+    try:
+        tf_internals.wait_at_job_barrier("kdist_leave_together", timeout_s)
+    except Exception as err:  # noqa: BLE001 (the program's work is done; its exit code stays)
+        logger.info(f"[kdist] {task}: leaving without the other workers: "
+                    f"{str(err).strip().splitlines()[0][:200]}")
+    finally:
+        said.cancel()
 
 
 def sums_over_tcp(strategy, options: StrategyOptions) -> bool:

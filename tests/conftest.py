@@ -107,7 +107,11 @@ def netns():
     netlab.remove_stale()
     before = set(netlab.namespaces())
     yield
-    left = sorted(set(netlab.namespaces()) - before)
+    # Another test running beside this one (pytest -n) may hold namespaces of its own: a
+    # namespace is this test's when this process or one that has ended made it.
+    ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
+    left = sorted(name for name in set(netlab.namespaces()) - before
+                  if netlab.creator(name) in ours or not psutil.pid_exists(netlab.creator(name)))
     assert not left, f"namespaces left behind: {left}"
 
 

@@ -244,6 +244,16 @@ def test_topks_payloads_ride_the_ring_not_tensorflows_all_gather(job):
         assert ops["PyFunc"] >= 3, ops  # the dense sums, TopK's values, its indices (per graph)
 
 
+def test_a_worker_leaves_only_when_the_chief_has_ended_its_program(job):
+    """The last collective's data may still be read from a worker that has its own result: the
+    workers leave together (strategies/multi_worker.py), so the worker that ended 3 s before the
+    chief leaves after it."""
+    out = job["out"]
+    chief_ended = float((out / "chief-ended").read_text())
+    assert float((out / "left-1").read_text()) >= chief_ended
+    assert float((out / "left-0").read_text()) >= chief_ended
+
+
 def test_tf_servers_listen_on_their_tf_config_ports(job):
     """TF's gRPC server binds its port on every interface (grpc_server_lib.cc hard-codes 0.0.0.0);
     kdist can only hand it loopback addresses. This documents that, and fails if TF changes."""

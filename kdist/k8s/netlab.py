@@ -43,10 +43,15 @@ def namespaces() -> list[str]:
 def remove_stale() -> list[str]:
     """Deletes the namespaces left by a process that no longer runs (a run killed before its
     Network could close) and returns their names; a live process's namespaces are kept."""
-    stale = [name for name in namespaces() if not _alive(int(re.match(r"kd(\d+)", name)[1]))]
+    stale = [name for name in namespaces() if not _alive(creator(name))]
     for name in stale:
         _delete(name)
     return stale
+
+
+def creator(namespace: str) -> int:
+    """The pid of the process whose Network made `namespace` (a name of `namespaces()`)."""
+    return int(re.match(r"kd(\d+)", namespace)[1])
 
 
 def _alive(pid: int) -> bool:

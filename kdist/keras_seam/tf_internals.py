@@ -125,6 +125,14 @@ def peek_job_key(key: str) -> str | None:
         return None
 
 
+def wait_at_job_barrier(barrier_id: str, timeout_s: float) -> None:
+    """Returns once every task of the coordination service has called it with `barrier_id`;
+    raises when `timeout_s` passes first or a task is found dead."""
+    from tensorflow.python.eager import context
+
+    context.context().wait_at_barrier(barrier_id, int(timeout_s * 1000))
+
+
 PEEK_MS = 50  # a key already written is returned at once; an absent one costs this wait
 
 

@@ -5,6 +5,7 @@ Every worker runs the same steps (collectives must match) and writes what it saw
 OUT_DIR/<task>.json and OUT_DIR/<task>-weights.npz; the test compares the workers.
 """
 
+import atexit
 import glob
 import json
 import os
@@ -12,9 +13,13 @@ import sys
 import tempfile
 import time
 
-import kdist
-
 out_dir = sys.argv[1]
+# Registered before kdist's own exit handlers, so it runs after them: when this worker really leaves.
+_index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+atexit.register(lambda: open(os.path.join(out_dir, f"left-{_index}"), "w").write(repr(time.time())))
+
+import kdist  # noqa: E402
+
 spec = kdist.cluster()
 strategy = kdist.strategy()  # first thing: MWMS must exist before any other TF op
 
@@ -354,3 +359,6 @@ callbacks_fix.install()
 with open(os.path.join(out_dir, f"{spec.task}.json"), "w") as f:
     json.dump(report, f)
 print("mwms_job done", spec.task)
+if spec.is_chief:  # the chief ends 3 s after the last collective: the other worker waits for it
+    time.sleep(3)
+    open(os.path.join(out_dir, "chief-ended"), "w").write(repr(time.time()))
