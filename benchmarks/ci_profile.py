@@ -128,6 +128,8 @@ def totals(timed: list[dict], suites: dict) -> str:
     for name, f in suites.items():
         out += [f"| {name}: its `{tier}` tests | {t['tests']} | | {t['seconds'] / 60:.1f} | | | |"
                 for tier, t in f["tiers"].items()]
+    out += ["", "Minutes in tests add up each test's own time: where pytest runs tests side by side "
+            "(`-n 2`), they exceed the phase's minutes."]
     return "\n".join(out)
 
 

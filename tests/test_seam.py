@@ -258,18 +258,22 @@ def test_patches_compose_in_registry_order_whatever_the_install_order():
 
 
 def test_uninstall_restores_keras_exactly():
-    owners = [(classes.resolve("trainer module"), "reduce_per_replica"),
-              (classes.resolve("Trainer"), "fit"), (classes.resolve("Trainer"), "_make_function"),
-              (classes.resolve("TFOptimizer"), "_all_reduce_sum_gradients"),
-              (classes.resolve("BaseTrainer"), "compile"),
-              (keras.callbacks.ModelCheckpoint, "_save_model")]
-    keras_seam.uninstall()
-    shipped = [getattr(owner, name) for owner, name in owners]
+    """Every attribute an active patch replaces on this stack (read from the registry, so each
+    Keras version checks its own targets) is kdist's while installed and Keras's own after."""
     keras_seam.install()
-    patched = [getattr(owner, name) for owner, name in owners]
-    assert all("kdist" in f.__code__.co_filename for f in patched)
+    targets = {(t.owner, t.attribute): t for patch in keras_seam.PATCHES if patch.active
+               for t in patch.targets}
+    assert {("Trainer", "fit"), ("BaseTrainer", "compile")} <= set(targets)
+    owners = [(target.resolve(), target.attribute) for target in targets.values()]
     keras_seam.uninstall()
-    assert [getattr(owner, name) for owner, name in owners] == shipped
+    shipped = [vars(owner).get(name) for owner, name in owners]
+    keras_seam.install()
+    patched = [vars(owner).get(name) for owner, name in owners]
+    assert all(p is not s for p, s in zip(patched, shipped))
+    assert all("kdist" in (f.__code__.co_filename if hasattr(f, "__code__") else type(f).__module__)
+               for f in patched)
+    keras_seam.uninstall()
+    assert [vars(owner).get(name) for owner, name in owners] == shipped
     keras_seam.install()
 
 
@@ -302,6 +306,8 @@ def test_fixes_are_gated_on_the_versions_they_target_and_hooks_apply_everywhere(
     assert keras_seam.patch("metric_variables_synced_on_read").applies("3.9.2", "2.19.1")
     assert keras_seam.patch("metric_variables_synced_on_read").not_needed("3.10.0")  # keras#21072
     assert keras_seam.patch("steps_per_execution_under_mirrored").not_needed("3.6.0")
+    assert keras_seam.patch("datasets_from_function_in_fit").applies("3.8.0", "2.18.0")
+    assert keras_seam.patch("datasets_from_function_in_fit").not_needed("3.9.0")  # keras#20829
 
 
 def assign_add_op_types():
@@ -330,6 +336,30 @@ def test_upstream_assign_add_is_a_read_modify_write_and_kdist_makes_it_atomic(mo
     assert "AssignAddVariableOp" not in upstream
     monkeypatch.setattr(fixes, "is_parameter_server", lambda strategy: True)  # as under PSS
     assert "AssignAddVariableOp" in assign_add_op_types()
+
+
+def test_upstream_fit_rejects_datasets_from_function_before_keras_3_9():
+    """Regression evidence for datasets_from_function_in_fit (keras#20134): Keras <= 3.8's data
+    adapters do not recognise strategy.distribute_datasets_from_function's dataset; with kdist's
+    fix they do. On Keras >= 3.9 upstream recognises it and the fix is not installed."""
+    from keras.src.trainers import data_adapters
+
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    distributed = strategy.distribute_datasets_from_function(
+        lambda context: tf.data.Dataset.from_tensor_slices(np.ones((4, 2))).batch(2))
+    assert type(distributed).__name__ == "DistributedDatasetsFromFunction"
+    patch = keras_seam.patch("datasets_from_function_in_fit")
+    keras_seam.install()
+    installed = patch.active
+    patch.uninstall()
+    try:
+        upstream = data_adapters.is_tf_dataset(distributed)
+    finally:
+        if installed:
+            patch.install()
+    fixed_upstream = versions.in_range(keras.__version__, ("3.9.0", versions.KERAS_RANGE[1]))
+    assert upstream == fixed_upstream and installed == (not fixed_upstream)
+    assert data_adapters.is_tf_dataset(distributed)
 
 
 def test_the_patches_page_is_generated_from_the_registry():

@@ -43,8 +43,11 @@ def pytest_collection_modifyitems(config, items):
     if os.environ.get("KDIST_TIER_UNITS"):  # .ci/tiers.py: which tests share which fixtures
         import json
 
-        with open(os.environ["KDIST_TIER_UNITS"], "w") as out:
+        # every process of `pytest -n` collects the same items: each writes whole, then renames
+        path = os.environ["KDIST_TIER_UNITS"]
+        with open(f"{path}.{os.getpid()}", "w") as out:
             json.dump({function_id(item): shared_fixtures(item) for item in items}, out)
+        os.replace(f"{path}.{os.getpid()}", path)
     tiers = {tier: listed(tier) for tier in ("compat", "quick")}
     for item in items:
         for tier, names in tiers.items():

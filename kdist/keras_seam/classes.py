@@ -100,6 +100,7 @@ OWNERS = {
     "Variable": lambda: importlib.import_module("keras.src.backend").Variable,
     "Metric": _public("metrics.Metric"),
     "ArrayDataAdapter": _array_data_adapter,
+    "data adapters module": lambda: importlib.import_module("keras.src.trainers.data_adapters"),
     "GeneratorDataAdapter": lambda: importlib.import_module(
         "keras.src.trainers.data_adapters.generator_data_adapter").GeneratorDataAdapter,
     "PyDatasetAdapter": lambda: importlib.import_module(

@@ -569,6 +569,21 @@ def _executor_restored_without_waiting(original):
     return executor_scope
 
 
+# ----------------------------------------------------------------------------------------------
+# 15. Keras <= 3.8's fit does not recognise the dataset `strategy.distribute_datasets_from_function`
+#    returns (its `is_tf_dataset` lists `DistributedDataset` only): the tutorials' input-function
+#    idiom fails with "Unrecognized data type". The rest of fit already takes it (it is a
+#    `tf.distribute.DistributedDataset`, used as given). Fixed in Keras 3.9 (keras#20829).
+def _datasets_from_function_recognised(original):
+    @functools.wraps(original)
+    def is_tf_dataset(x):
+        return original(x) or any(
+            parent.__name__ == "DistributedDatasetsFromFunction"
+            and parent.__module__.startswith("tensorflow.python.") for parent in type(x).__mro__)
+
+    return is_tf_dataset
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -734,6 +749,12 @@ FIXES = [
           why="under ParameterServerStrategy, one worker frozen while a tensor of it is being "
               "deleted holds every other worker's steps until it goes on: each worker's "
               "thread, leaving a step, waits for the context's pending deletions"),
+    Patch("datasets_from_function_in_fit", FIX,
+          {Target("data adapters module", "is_tf_dataset"): _datasets_from_function_recognised},
+          upstream="keras-team/keras#20134",
+          keras_versions=(versions.KERAS_RANGE[0], "3.8.99"), fixed_in="3.9.0",
+          why="fit rejects the dataset of strategy.distribute_datasets_from_function: "
+              "'Unrecognized data type'"),
     Patch("ps_chief_exits_after_a_lost_worker", FIX,
           {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
           upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",

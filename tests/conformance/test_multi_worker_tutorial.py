@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from conftest import ROOT, run_kdist
+from kdist.keras_seam import keras_internals, versions
 
 WORKERS = ("worker:0", "worker:1")
 PROGRAM = os.path.join(ROOT, "tests", "conformance", "programs", "multi_worker_tutorial.py")
@@ -70,6 +71,13 @@ def test_custom_train_step_in_a_subclassed_model(run):
 
 
 def test_steps_per_execution_4_equals_1(run):
+    """Keras >= 3.7: 4 steps per execution train as 1 does. Keras <= 3.6 aborts the all-reduce
+    when an epoch ends inside an execution: kdist refuses it with the fix (wiring/dispatch.py)."""
+    if not versions.for_running_keras(keras_internals.STEPS_PER_EXECUTION_SAFE_WITH_REPLICAS):
+        reports = [run["reports"][t]["steps_per_execution"] for t in WORKERS]
+        assert [r["ok"] for r in reports] == [False, False]
+        assert all("Use steps_per_execution=1, or Keras >= 3.7" in r["error"] for r in reports)
+        return
     result = outcome(run, "steps_per_execution")
     assert result["iterations"] == 20  # 640 examples / 64 per step x 2 epochs, in executions of 4
     assert result["max_diff_vs_1"] < 1e-6
