@@ -137,7 +137,10 @@ def test_a_hung_peer_on_shuffled_arrays_makes_the_survivor_fail_within_the_bound
     assert codes[0] not in (0, None)
     assert re.search(r"worker:1 \(127\.0\.0\.1:\d+\) sent nothing for 8 s", outputs[0]), \
         outputs[0][-3000:]
-    assert exited - froze < bound
+    # The ring's verdict is pinned above (8 s: 0.8 x the bound); the process's exit after it is
+    # the machine's: 1-2 s idle, 3.3 s once beside another cluster (pytest -n 2). The bound is
+    # scaled by the measured slowdown, as every timeout of the suite is (conftest.scaled).
+    assert exited - froze < scaled(bound)
 
 
 @pytest.mark.parametrize("signal_name, inputs", [("KILL", "arrays in order"),
