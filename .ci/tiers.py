@@ -43,12 +43,7 @@ ALWAYS_COMPAT = {
 }
 # Tests the tier's first run (2026-12-02) found failing on the oldest stack (TF 2.17, Keras 3.5):
 # kept out of the tier, so it stays green, until each is fixed (kdist) or made version-aware (the
-# test); the full suite runs them on the newest stack. Each names what it found. Fixed since, and
-# chosen again by the next `select`: test_distribute_datasets_from_function (the seam's
-# datasets_from_function_in_fit, keras#20134), test_steps_per_execution_4_equals_1 (expects
-# kdist's refusal on Keras <= 3.6), test_uninstall_restores_keras_exactly (reads the registry's
-# targets; its failure on Keras 3.5 left the seam uninstalled, which failed
-# test_training_options_are_frozen_and_bound_once_per_model after it).
+# test); the full suite runs them on the newest stack. Each names what it found.
 NOT_YET_ON_EVERY_STACK = {
     "tests/test_fault_tolerance.py::test_a_machine_whose_network_stops_is_named_first_in_both_summaries":
         "TF 2.17: the survivor fails on TF's collective deadline, not with the peer named first",

@@ -99,11 +99,11 @@ def install() -> None:
     def hook(kind, error, trace):
         if not _an_extensions_aside(trace):
             _ending["on_exception"] = True
-        if not issubclass(kind, KeyboardInterrupt) and not _an_extensions_aside(trace):
-            try:
-                write(record_of(error))
-            except Exception:  # noqa: BLE001 (never hide the program's own exception)
-                pass
+            if not issubclass(kind, KeyboardInterrupt):
+                try:
+                    write(record_of(error))
+                except Exception:  # noqa: BLE001 (never hide the program's own exception)
+                    pass
         previous(kind, error, trace)
 
     sys.excepthook = hook

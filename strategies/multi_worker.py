@@ -56,7 +56,6 @@ def build(cluster, options: StrategyOptions):
 # found sooner, by the coordination service's heartbeat).
 LEAVE_TIMEOUT_S = 30.0
 _SAY_AFTER_S = 2.0
-_leaving = {"registered": False}
 
 
 def _leave_together_at_exit(task: str, timeout_s: float) -> None:
@@ -68,9 +67,7 @@ def _leave_together_at_exit(task: str, timeout_s: float) -> None:
     closed" although the training succeeded. The tasks therefore leave together, through the
     coordination service's barrier. A program ending on an exception does not wait (its peers are
     failing or are stopped by the launcher)."""
-    if _leaving["registered"]:
-        return
-    _leaving["registered"] = True
+    atexit.unregister(_leave_together)  # once per process, whatever builds the strategy again
     atexit.register(_leave_together, task, timeout_s)
 
 

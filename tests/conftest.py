@@ -110,8 +110,8 @@ def netns():
     # Another test running beside this one (pytest -n) may hold namespaces of its own: a
     # namespace is this test's when this process or one that has ended made it.
     ours = {os.getpid()} | {p.pid for p in psutil.Process().children(recursive=True)}
-    left = sorted(name for name in set(netlab.namespaces()) - before
-                  if netlab.creator(name) in ours or not psutil.pid_exists(netlab.creator(name)))
+    made_by = {name: netlab.creator(name) for name in set(netlab.namespaces()) - before}
+    left = sorted(name for name, pid in made_by.items() if pid in ours or not psutil.pid_exists(pid))
     assert not left, f"namespaces left behind: {left}"
 
 
