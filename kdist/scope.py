@@ -80,7 +80,7 @@ def _build_or_reuse(requested: str, options: dict):
         try:
             patches.install()
             built[key] = strategies.build(name, spec, opts)
-            seed = inputs.seed_unseeded_shuffles(spec) if name == "multi_worker" else None
+            seed = inputs.seed_unseeded_shuffles() if name == "multi_worker" else None
         finally:
             state.building = False
         _log_choice(name, built[key], spec, opts, seed)

@@ -75,6 +75,26 @@ def test_an_unseeded_tf_data_shuffle_takes_one_order_on_every_worker_and_reshuff
     assert "unseeded tf.data shuffles take one order" in job["stdout"]
 
 
+def test_a_seeded_reshuffle_trains_one_devices_batches_epoch_after_epoch(job):
+    """`shuffle(64, seed=7)` without repeat, a 2-epoch fit then a 1-epoch fit of the same dataset:
+    every step trains the global batch one device trains (one device's epoch e is the shuffle's
+    draw 2e - 1: Keras makes an iterator at each epoch's end that the next epoch replaces)."""
+    one_device = job["reports"][0]["tfdata_seeded_one_device"]
+    assert job["reports"][1]["tfdata_seeded_one_device"] == one_device
+    assert len(one_device) == 3 and one_device[0] != one_device[1]  # reshuffled each epoch
+    assert steps(job, "tfdata_seeded") == [sorted(epoch[i:i + 16]) for epoch in one_device
+                                           for i in range(0, len(epoch), 16)]
+
+
+def test_a_custom_loop_reads_the_seeded_order_one_process_reads(job):
+    """TensorFlow's custom-loop tutorial (a new iterator of the distributed dataset per epoch):
+    kdist's global seed leaves a seeded shuffle's order as it is without kdist."""
+    one_device = job["reports"][0]["own_loop_seeded_one_device"]
+    assert one_device[0] != one_device[1]
+    assert steps(job, "own_loop_seeded") == [sorted(epoch[i:i + 16]) for epoch in one_device
+                                             for i in range(0, len(epoch), 16)]
+
+
 def test_one_file_for_two_workers_is_sharded_by_data_said_once(job):
     notes = [line for line in job["stdout"].splitlines()
              if "kdist: the dataset reads 1 file(s) for 2 workers" in line]

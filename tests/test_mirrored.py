@@ -122,6 +122,19 @@ def test_fit_makes_one_iterator_per_epoch():
                                             "generator": 1}, report
 
 
+def test_a_seeded_reshuffle_trains_one_devices_batches_epoch_after_epoch():
+    """Fix one_iterator_per_epoch draws the seed of the iterator Keras leaves unread at each
+    epoch's end: a dataset shuffled with a seed trains one device's global batches in every
+    epoch, and in a second fit of the same dataset; with steps_per_epoch too."""
+    report = distributed_reads()
+    one_device = report["seeded_batches_one_device"]
+    assert len(one_device) == 12 and one_device[:4] != one_device[4:8]  # reshuffled each epoch
+    assert report["seeded_batches"] == one_device
+    # With steps_per_epoch Keras reads the iterator made at an epoch's end in the next epoch.
+    assert report["seeded_batches_steps_per_epoch"] == \
+        report["seeded_batches_steps_per_epoch_one_device"] != one_device
+
+
 def test_deleting_a_multi_device_iterator_waits_for_autotuning_upstream():
     """Upstream: deleting a MultiDeviceIterator over an autotuned dataset can wait for the
     autotuning thread's next wake-up (1 to 4 deletions in 16 waited 0.1-2.3 s here), and over a

@@ -480,14 +480,36 @@ def _empty_batch_loss_zero(original):
 #     steps per epoch on 2 logical CPUs: 1.9 s upstream, 1.4 s fixed). An epoch's iterator is
 #     now made when its first batch is read: one per epoch, none after the last. (Under
 #     MultiWorkerMirrored kdist's own inputs already read one iterator for the whole fit.)
+#     Making an iterator is not free of effects: a tf.data shuffle that reshuffles each iteration
+#     (and any op drawing from a seed generator) takes the next seed when an iterator is made, so
+#     one device's epoch e trains draw 2e - 1. The iterator left unread at an epoch's end still
+#     draws its seed, from a plain iterator of the user's dataset (no MultiDeviceIterator; one
+#     device makes it too); where `steps_per_epoch` keeps it for the next epoch, it is made then.
 def _iterator_made_on_first_read(original):
     """`TFEpochIterator._get_iterator`: an `_Unmade` iterator over the dataset (Keras's `iter()`
-    of it is itself)."""
+    of it is itself); at an epoch's end, as many seeds drawn as one device draws."""
     @functools.wraps(original)
     def _get_iterator(self):
-        return _Unmade(original(self))
+        dataset = original(self)
+        if self._current_iterator is None or isinstance(self._current_iterator, _Unmade):
+            return _Unmade(dataset)  # an epoch's start: its first read follows at once
+        if self.steps_per_epoch is not None:  # the next epoch reads this one
+            return iter(dataset)
+        _draw_seeds_as_one_device(self.data_adapter)
+        return _Unmade(dataset)
 
     return _get_iterator
+
+
+def _draw_seeds_as_one_device(adapter) -> None:
+    """Makes (and drops, unread) an iterator of a user's tf.data dataset: its shuffles and other
+    seed generators draw as they do for the iterator one device makes here."""
+    from kdist.keras_seam import classes
+
+    if isinstance(adapter, classes.resolve("TFDatasetAdapter")):
+        dataset = adapter.get_tf_dataset()
+        if _is_tf_data(dataset):
+            iter(dataset)
 
 
 def _first_read_makes_the_iterator(original):

@@ -25,11 +25,13 @@ by FILE, and makes two new iterators per epoch. These inputs go wrong there:
    kdist shards it by DATA instead and says so in one line (`file_sharding`); an explicit FILE
    policy is refused with the fix. And a tf.data dataset of a known number of batches is
    iterated by one iterator across epochs (`continuing_epochs`): a new one per epoch costs up
-   to a second under MultiWorkerMirrored (the sharding rewrite of its graph).
+   to a second under MultiWorkerMirrored (the sharding rewrite of its graph; 67 ms an epoch on
+   2 workers here for a small pipeline). Not one that reshuffles each iteration: its epochs
+   must draw the seeds one device's draw.
 4. **An unseeded `tf.data` shuffle** (`dataset.shuffle(1000)`, the tutorials' idiom) draws its
    seed per process, so each worker takes its shares of a *different* order: examples train
    twice per epoch, others never. Where the program set no global seed, kdist sets TensorFlow's
-   to `shared_seed` when it builds MultiWorkerMirrored (`seed_unseeded_shuffles`), so every
+   when it builds MultiWorkerMirrored (`seed_unseeded_shuffles`), so every
    worker's unseeded shuffles draw the same seeds, in the program's order, and still reshuffle
    each epoch.
 5. **A Python generator** under several replicas of one process (Mirrored): the batches it yields
@@ -75,16 +77,18 @@ def shared_seed(spec) -> int:
     return zlib.crc32(json.dumps(spec.jobs, sort_keys=True).encode())
 
 
-def seed_unseeded_shuffles(spec) -> int | None:
-    """Sets TensorFlow's global random seed to `shared_seed(spec)` unless the program set one;
-    returns the seed set (None: the program's own stands)."""
+def seed_unseeded_shuffles() -> int | None:
+    """Sets TensorFlow's global random seed unless the program set one; returns the seed set
+    (None: the program's own stands). The seed is the one TensorFlow pairs with an op's own seed
+    when no global seed is set, so that ops given a seed (`shuffle(n, seed=7)`) draw exactly
+    what they draw in one process without kdist; any other global seed would change them."""
     import tensorflow as tf
+    from tensorflow.python.framework import random_seed
 
     if tf.compat.v1.get_seed(None)[0] is not None:
         return None
-    seed = shared_seed(spec)
-    tf.random.set_seed(seed)
-    return seed
+    tf.random.set_seed(random_seed.DEFAULT_GRAPH_SEED)
+    return random_seed.DEFAULT_GRAPH_SEED
 
 
 # ------------------------------------------------------------------ a batch's shares
@@ -189,15 +193,34 @@ class Continuing:
 
 def continuing_epochs(dataset, steps_per_epoch):
     """`dataset` repeated, for one iterator across epochs (`Continuing`), where each epoch is
-    known to be its `cardinality` batches (Keras counts them; no `steps_per_epoch`); None
-    where an epoch ends only when the data does. Each repetition is a new pass, reshuffled as a
-    new iterator's would be. Not prefetched: a shuffle draws each pass's seed from a generator
-    its dataset's iterators share (Keras's own included), and a prefetching thread would draw
-    it at a moment that differs per worker (TF 2.22: 52 of 69 rows distinct in an epoch, 3 runs
-    of 4)."""
+    known to be its `cardinality` batches (Keras counts them; no `steps_per_epoch`) and no op
+    of it draws a new seed per iterator; None where an epoch ends only when the data does, or
+    where the dataset reshuffles (`reshuffles_each_iteration`): one device's epoch e trains the
+    shuffle's draw 2e - 1 (Keras makes two iterators per epoch), and a repeated dataset's next
+    pass draws when the distributed iterator reads ahead, before the epoch's end (measured:
+    epoch 2 trained draw 2), so those datasets get a new iterator per epoch. Not prefetched: a
+    prefetching thread would draw a pass's seed at a moment that differs per worker."""
     if steps_per_epoch or int(dataset.cardinality()) < 0:  # INFINITE or UNKNOWN
         return None
+    if reshuffles_each_iteration(dataset):
+        return None
     return dataset.repeat()
+
+
+def reshuffles_each_iteration(dataset) -> bool:
+    """Whether a `shuffle` (by default it reshuffles) or a `Dataset.random` that rerandomizes in
+    `dataset`'s chain of inputs draws a new seed for each iterator made."""
+    stack, seen = [dataset], set()
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if getattr(node, "_reshuffle_each_iteration", False) is not False or \
+                getattr(node, "_rerandomize", None):
+            return True
+        stack.extend(node._inputs())
+    return False
 
 
 # ------------------------------------------------------------------ 2. PyDataset

@@ -12,11 +12,15 @@ process). Prints one JSON line:
 - `iterators`: how many distributed iterators a 3-epoch fit makes, for each kind of input (fix
   one_iterator_per_epoch: one per epoch; `iterators_upstream`, the fix removed: Keras >= 3.7 makes
   two per epoch where it knows the epoch's size); `makes_two` whether the fix applies here;
+- `seeded_batches`: the rows each step trains, under kdist.scope(), in a 2-epoch then a 1-epoch
+  fit of one dataset shuffled with a seed (also with `steps_per_epoch`); `seeded_batches_one_device`
+  the same on one device, Keras as shipped;
 - `upstream`: how many MultiDeviceIterators over an autotuned dataset were read and deleted
   until a deletion waited (and how long it waited); `upstream_per_device`: the same over a
   dataset without autotuning, the per-device datasets as TensorFlow makes them.
 """
 
+import contextlib
 import json
 import time
 
@@ -98,6 +102,34 @@ def iterators(strategy, **inputs_of_fit) -> int:
     return len(made)
 
 
+def batches_trained(scoped: bool, steps_per_epoch=None) -> list:
+    """The rows (sorted ids) each step trains in a 2-epoch fit, then a 1-epoch fit of a new
+    model, of one dataset shuffled with a seed (reshuffled each epoch, no repeat): under
+    kdist.scope() (both replicas' shares together) or on one device (no strategy)."""
+    dataset = tf.data.Dataset.range(64).map(lambda i: tf.fill([1], tf.cast(i, tf.float32)))
+    dataset = dataset.map(lambda v: (v, v)).shuffle(64, seed=7).batch(16)
+    seen, steps = [], []
+
+    class Seen(keras.layers.Layer):
+        def call(self, rows, training=None):
+            if training:
+                tf.py_function(lambda v: seen.extend(v.numpy().ravel().astype(int).tolist())
+                               or 0.0, [rows], tf.float32)
+            return rows
+
+    def on_batch_end(*_, **__):
+        steps.append(sorted(seen))
+        seen.clear()
+
+    for epochs in (2, 1):
+        with kdist.scope() if scoped else contextlib.nullcontext():
+            model = keras.Sequential([keras.Input((1,)), Seen(), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        model.fit(dataset, epochs=epochs, verbose=0, steps_per_epoch=steps_per_epoch,
+                  callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=on_batch_end)])
+    return steps
+
+
 def per_device_autotuned(strategy) -> list:
     """For each replica's iterator of a distributed user's dataset: does its dataset autotune?"""
     distributed = iter(strategy.experimental_distribute_dataset(
@@ -152,11 +184,16 @@ report = {
     "distributions": for_each_input(distributions),
     "per_device_autotuned": per_device_autotuned(strategy),
     "iterators": for_each_input(iterators),
+    "seeded_batches": batches_trained(scoped=True),
+    "seeded_batches_steps_per_epoch": batches_trained(scoped=True, steps_per_epoch=4),
     "makes_two": patches.patch("one_iterator_per_epoch").active,
     "upstream": deletions_until_a_wait(autotuned_source=True),
 }
 patches.patch("one_iterator_per_epoch").uninstall()
 report["iterators_upstream"] = for_each_input(iterators)
+report["seeded_batches_one_device"] = batches_trained(scoped=False)  # as Keras does, no fix
+report["seeded_batches_steps_per_epoch_one_device"] = batches_trained(scoped=False,
+                                                                      steps_per_epoch=4)
 patches.patch("distributed_reads_end_at_once").uninstall()
 report.update(per_device_autotuned_upstream=per_device_autotuned(strategy),
               upstream_per_device=deletions_until_a_wait(autotuned_source=False))

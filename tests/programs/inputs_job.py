@@ -1,11 +1,13 @@
 """fit's inputs under MultiWorkerMirrored (kdist/keras_seam/inputs.py), for tests/test_inputs.py:
 which examples each worker trains on in each epoch, for a shuffled PyDataset (1 and 2 loader
-threads), a dataset read from one TFRecord file and a tf.data dataset shuffled without a seed
-(64 and 69 rows); first without kdist's input fixes (the upstream behaviour), then with them.
+threads), a dataset read from one TFRecord file, a tf.data dataset shuffled without a seed
+(64 and 69 rows) and one shuffled with a seed, in fit (and in one device's fit) and in a custom
+loop; first with kdist's input fixes, then without them (the upstream behaviour).
 
     kdist launch --workers 2 -- python inputs_job.py OUT     writes OUT/<task>.json
 """
 
+import contextlib
 import json
 import os
 import sys
@@ -42,9 +44,10 @@ class Seen(keras.layers.Layer):
         return x
 
 
-def trained(data, epochs=2, **fit_args):
-    """The example ids this worker trained on, per epoch, or the error fit raised."""
-    with kdist.scope():
+def trained(data, epochs=2, one_device=False, **fit_args):
+    """The example ids this worker trained on, per epoch, or the error fit raised; with
+    `one_device`, those one device trains on (no strategy)."""
+    with contextlib.nullcontext() if one_device else kdist.scope():
         model = keras.Sequential([keras.Input((1,)), Seen(), keras.layers.Dense(1)])
         model.compile("sgd", "mse")
     per_epoch = []
@@ -79,6 +82,34 @@ def shuffled(rows=64):
     return examples.map(lambda x: (x, x)).shuffle(rows).batch(16)
 
 
+def seeded(rows=64):
+    """keras.io's pipeline: examples shuffled with a seed (reshuffled each epoch), no repeat."""
+    examples = tf.data.Dataset.range(rows).map(lambda i: tf.fill([1], tf.cast(i, tf.float32)))
+    return examples.map(lambda x: (x, x)).shuffle(rows, seed=7).batch(16)
+
+
+def two_fits(one_device=False):
+    """A 2-epoch fit, then a 1-epoch fit of a new model on the same dataset object."""
+    data = seeded()
+    first = trained(data, epochs=2, one_device=one_device)
+    second = trained(data, epochs=1, one_device=one_device)
+    return first + second if isinstance(first, list) and isinstance(second, list) else \
+        [first, second]
+
+
+def own_loop(one_device=False):
+    """Each epoch's example ids a custom training loop reads (TensorFlow's tutorial: a new
+    iterator of the distributed dataset per epoch), this worker's share of each batch."""
+    data = seeded()
+    if one_device:
+        return [[int(v) for batch in data for v in batch[0].numpy().ravel()] for _ in range(3)]
+    strategy = kdist.strategy()
+    distributed = strategy.experimental_distribute_dataset(data)
+    return [[int(v) for batch in distributed
+             for part in strategy.experimental_local_results(batch[0])
+             for v in part.numpy().ravel()] for _ in range(3)]
+
+
 def file_policy(dataset):
     options = tf.data.Options()
     options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.FILE
@@ -96,6 +127,8 @@ report["pydataset_2"] = trained(Batches(workers=2), shuffle=True)
 report["tfrecord"] = trained(records(os.path.join(out, "one.tfrecord")))
 report["tfdata_shuffled"] = trained(shuffled())
 report["tfdata_shuffled_short"] = trained(shuffled(69))  # 5 batches, the last of 5 rows
+report["tfdata_seeded"] = two_fits()
+report["own_loop_seeded"] = own_loop()
 report["tfrecord_file_policy"] = trained(file_policy(records(os.path.join(out, "file.tfrecord"))))
 # Upstream (kdist's fixes removed), last: a failed first batch leaves the workers' collectives out
 # of step, so nothing collective follows it.
@@ -104,6 +137,10 @@ for name in FIXES:
 report["upstream_pydataset_2"] = trained(Batches(workers=2), shuffle=True)
 tf.random.set_seed(None)  # no global seed: each process draws its own shuffle seeds
 report["upstream_tfdata_shuffled"] = trained(shuffled())
+# One device, as a program without kdist runs it: no global seed, Keras's own epoch iterators.
+patches.patch("one_iterator_per_epoch").uninstall()
+report["tfdata_seeded_one_device"] = two_fits(one_device=True)
+report["own_loop_seeded_one_device"] = own_loop(one_device=True)
 save()
 report["upstream_tfrecord"] = trained(records(os.path.join(out, "upstream.tfrecord")), epochs=1)
 save()
