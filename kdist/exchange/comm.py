@@ -20,6 +20,7 @@ import os
 import weakref
 
 from kdist import envvars, global_state, validators
+from kdist.exchange import same_rows
 from kdist.keras_seam import tf_internals
 from kdist.layers import placement
 
@@ -43,10 +44,21 @@ class Comm:
         device) in its own device's group. An `IndexedSlices` (an Embedding's or `tf.gather`'s
         gradient) stays one: TensorFlow's collectives gather every replica's slices in replica
         order, as one device's gradient of the global batch holds them (repeated indices stay
-        repeated, which an optimizer that squares the slices, Adam, tells apart from their sum)."""
+        repeated, which an optimizer that squares the slices, Adam, tells apart from their sum).
+        Slices whose indices are the same on every replica (`same_rows`: a position table's)
+        are one device's rows once each: their values are summed, their indices kept."""
         import tensorflow as tf
 
-        tensors = list(tensors)
+        given = list(tensors)
+        aligned = {k for k, t in enumerate(given) if same_rows.sparse_and_same_on_every_replica(t)}
+        tensors = [t.values if k in aligned else t for k, t in enumerate(given)]
+        summed = self._sum(tensors)
+        return [tf.IndexedSlices(summed[k], given[k].indices, given[k].dense_shape)
+                if k in aligned else summed[k] for k in range(len(given))]
+
+    def _sum(self, tensors: list) -> list:
+        import tensorflow as tf
+
         strategy = self._context.strategy
         sparse = [k for k, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
         groups = {device: [k for k in positions if k not in sparse]

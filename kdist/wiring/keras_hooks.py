@@ -79,7 +79,7 @@ class KdistHooks(Hooks):
     def exchange_gradients(self, optimizer, grads_and_vars, original):
         import tensorflow as tf
 
-        from kdist.exchange import plain_sum, weights
+        from kdist.exchange import plain_sum, same_rows, weights
         from kdist.exchange.comm import tcp_ring
         from kdist.layers import placement
         from kdist.steps import clock
@@ -97,7 +97,8 @@ class KdistHooks(Hooks):
             summed = exchange.exchange(grads_and_vars, context)
         elif (ring := tcp_ring(context.strategy)) is not None \
                 or weights.recorded_batch_size() is not None \
-                or placement.own_group_devices([v for _, v in grads_and_vars], context.strategy):
+                or placement.own_group_devices([v for _, v in grads_and_vars], context.strategy) \
+                or any(same_rows.sparse_and_same_on_every_replica(g) for g, _ in grads_and_vars):
             summed = plain_sum(grads_and_vars, context, optimizer.iterations, ring)
         else:
             summed = original(optimizer, grads_and_vars)

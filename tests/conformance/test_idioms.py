@@ -81,8 +81,8 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "activity_regularizer", "adamw", "learning_rate_schedule", "steps_per_execution", "ema", "mixed_float16",
     "sample_weight", "classification_metrics", "multi_output", "dropout", "custom_train_step",
     "custom_train_step_loss_object", "gan_two_optimizers", "vae", "diverging_replicas",
-    "jit_compile", "embedding_sgd", "gather_dense_unused_adam", "uneven_last_batch",
-    "uneven_last_batch_weighted", "one_row_last_batch", "empty_share", "pydataset",
+    "jit_compile", "embedding_sgd", "position_embedding_adam", "gather_dense_unused_adam",
+    "uneven_last_batch", "uneven_last_batch_weighted", "one_row_last_batch", "empty_share", "pydataset",
     "pydataset_two_workers", "generator_steps_per_epoch", "generator_to_its_end",
     "generator_to_its_end_in_executions"]
 

@@ -460,6 +460,33 @@ def gather_dense_unused_adam():
     return fit_regression(model, lambda: keras.optimizers.Adam(0.01))
 
 
+def position_embedding_adam():
+    """keras.io's Transformer embedding: tokens plus a position table looked up on
+    `ops.arange(maxlen)`, indices that do not depend on the batch (each replica's gradient holds
+    the same rows, one device's each row once, summed over the batch), with Adam, which squares
+    a gradient's rows before repeated indices are merged."""
+    class TokenAndPosition(keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.tokens = keras.layers.Embedding(23, 4)
+            self.positions = keras.layers.Embedding(6, 4)
+
+        def call(self, x):
+            return self.tokens(x) + self.positions(keras.ops.arange(0, x.shape[-1], 1))
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((6,), dtype="int32"), TokenAndPosition(),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    with scope():
+        net = model()
+        net.compile(keras.optimizers.Adam(0.05), "mse")
+    history = net.fit(TOKENS, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
+    return net, history.history, net.evaluate(TOKENS, Y, batch_size=GLOBAL_BATCH, verbose=0,
+                                              return_dict=True)
+
+
 def fit_rows(rows, batch, sample_weight=None):
     with scope():
         model = dense_model()
@@ -554,8 +581,8 @@ IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, 
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
           classification_metrics, multi_output, dropout, custom_train_step,
           custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
-          embedding_sgd, gather_dense_unused_adam, uneven_last_batch, uneven_last_batch_weighted,
-          one_row_last_batch, empty_share, pydataset, pydataset_two_workers,
+          embedding_sgd, position_embedding_adam, gather_dense_unused_adam, uneven_last_batch,
+          uneven_last_batch_weighted, one_row_last_batch, empty_share, pydataset, pydataset_two_workers,
           generator_steps_per_epoch, generator_to_its_end, generator_to_its_end_in_executions]
 
 
