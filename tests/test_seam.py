@@ -362,6 +362,60 @@ def test_upstream_fit_rejects_datasets_from_function_before_keras_3_9():
     assert data_adapters.is_tf_dataset(distributed)
 
 
+def embedding_step_reads(table_rows=1000):
+    """The op types of a traced step (forward, gradient, SGD update) of an Embedding model, and
+    the rows it updated (ids looked up: one negative, Keras's "fill" mode)."""
+    keras.utils.set_random_seed(1)
+    model = keras.Sequential([keras.Input((3,), dtype="int32"),
+                              keras.layers.Embedding(table_rows, 4),
+                              keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+    optimizer = keras.optimizers.SGD(0.5)
+    optimizer.build(model.trainable_variables)
+    ids = np.array([[1, 5, -1], [5, 7, 2]], "int32")
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(ids) - 1.0))
+        gradients = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply(gradients, model.trainable_variables)
+        return gradients[0]
+
+    gradient = step(ids)
+    ops = {op.type for op in step.get_concrete_function(ids).graph.get_operations()}
+    return ops, type(gradient).__name__, model.layers[0].embeddings.numpy()
+
+
+def test_an_embedding_step_gathers_rows_from_the_variable_not_a_copy_of_the_table():
+    """Fix embedding_rows_read_from_the_variable: the lookup gathers from the variable
+    (ResourceGather), the same rows, gradient and update as Keras's take; upstream the step
+    reads the whole table (ReadVariableOp) and gathers from the copy (GatherV2), which a sparse
+    update of the table then makes TensorFlow copy whole (copy on write)."""
+    patch = keras_seam.patch("embedding_rows_read_from_the_variable")
+    keras_seam.install()
+    assert patch.active
+    fixed_ops, fixed_gradient, fixed_table = embedding_step_reads()
+    patch.uninstall()
+    try:
+        upstream_ops, upstream_gradient, upstream_table = embedding_step_reads()
+    finally:
+        patch.install()
+    assert "ResourceGather" in fixed_ops and "GatherV2" not in fixed_ops
+    assert "GatherV2" in upstream_ops and "ResourceGather" not in upstream_ops
+    assert fixed_gradient == upstream_gradient == "IndexedSlices"
+    np.testing.assert_array_equal(fixed_table, upstream_table)
+    assert np.abs(fixed_table - initial_table()).sum(axis=1).nonzero()[0].tolist() \
+        == [1, 2, 5, 7, 999]
+
+
+def initial_table():
+    """The table `embedding_step_reads` starts from."""
+    keras.utils.set_random_seed(1)
+    layer = keras.layers.Embedding(1000, 4)
+    layer.build((None, 3))
+    return layer.embeddings.numpy()
+
+
 def test_the_patches_page_is_generated_from_the_registry():
     committed = open(os.path.join(ROOT, "docs", "patches.md"), encoding="utf-8").read()
     assert committed == page.render(), "run: python -m kdist.keras_seam.page > docs/patches.md"

@@ -83,6 +83,13 @@ def _public(path: str):
     return get
 
 
+def _backend_numpy():
+    """The TensorFlow backend's NumPy ops as `keras.ops` calls them: `backend.numpy` until Keras
+    3.15, `backend.ops.numpy` from 3.16."""
+    backend = importlib.import_module("keras.src.backend")
+    return getattr(backend, "numpy", None) or backend.ops.numpy
+
+
 def _array_data_adapter():
     return importlib.import_module(
         "keras.src.trainers.data_adapters.array_data_adapter").ArrayDataAdapter
@@ -114,6 +121,7 @@ OWNERS = {
     "CSVLogger": _public("callbacks.CSVLogger"),
     "BatchNormalization": _public("layers.BatchNormalization"),
     "loss module": lambda: importlib.import_module("keras.src.losses.loss"),
+    "backend numpy module": _backend_numpy,
     "utils module": _public("utils"),
     "ParameterServerStrategy": lambda: importlib.import_module(
         "tensorflow").distribute.experimental.ParameterServerStrategy,
