@@ -160,7 +160,10 @@ def test_a_dead_peer_of_the_default_tcp_ring_fails_every_member_naming_it(tmp_pa
     codes, outputs, signalled, exited = run_with_a_faulty_peer(
         tmp_path, 3, signal_name, 7, bound, [0, 2], *extra)
     print(f"every survivor failed {exited - signalled:.1f} s after SIG{signal_name}")
-    assert exited - signalled < bound
+    # The ring's verdict is pinned below (16 s: 0.8 x the bound); the processes' exit after it
+    # is the machine's: 23.8 s in all once, frozen, beside another cluster and other jobs. The
+    # bound is scaled by the measured slowdown, as every timeout of the suite is.
+    assert exited - signalled < scaled(bound)
     for i in (0, 2):
         assert codes[i] not in (0, None)
         named = re.search(r"worker:1 \(127\.0\.0\.1:\d+\) ((closed|reset) the connection"
