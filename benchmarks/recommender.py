@@ -61,8 +61,8 @@ def train(out_path: str, distributed: bool, upstream: bool) -> None:
         model.compile(keras.optimizers.SGD(0.05), "mse")
     steps, began = [], []
     timer = keras.callbacks.LambdaCallback(
-        on_train_batch_begin=lambda *_: began.append(time.perf_counter()),
-        on_train_batch_end=lambda *_: steps.append(time.perf_counter() - began[-1]))
+        on_train_batch_begin=lambda *_, **__: began.append(time.perf_counter()),
+        on_train_batch_end=lambda *_, **__: steps.append(time.perf_counter() - began[-1]))
     start = time.perf_counter()
     model.fit(ids, labels, batch_size=PER_WORKER_BATCH * 2, epochs=EPOCHS, shuffle=False,
               verbose=0, callbacks=[timer])

@@ -416,6 +416,32 @@ def initial_table():
     return layer.embeddings.numpy()
 
 
+def test_a_sparse_update_with_repeated_indices_is_the_same_every_time_once_merged():
+    """Fix sparse_updates_merged_under_replicas: TensorFlow's scatter_sub of rows with repeated
+    indices sums them in a thread-dependent order (upstream: two of at most 40 identical updates
+    differ); merged first (one row per index) the update is the same every time, and the same
+    update up to rounding."""
+    from kdist.keras_seam import fixes
+
+    rng = np.random.default_rng(0)
+    update = tf.IndexedSlices(tf.constant(rng.normal(size=(20480, 64)).astype("float32") * 1e-3),
+                              tf.constant(rng.integers(0, 1000, 20480)), tf.constant([1000, 64]))
+    start = rng.normal(size=(1000, 64)).astype("float32")
+
+    def applied(value):
+        variable = tf.Variable(start)
+        variable.scatter_sub(value)
+        return variable.numpy()
+
+    first = applied(update)
+    assert any(not np.array_equal(applied(update), first) for _ in range(40))  # upstream
+    merged = fixes.merged_rows(update)
+    once = applied(merged)
+    assert all(np.array_equal(applied(merged), once) for _ in range(10))
+    np.testing.assert_allclose(once, first, atol=1e-6)
+    assert keras_seam.patch("sparse_updates_merged_under_replicas").targets
+
+
 def test_the_patches_page_is_generated_from_the_registry():
     committed = open(os.path.join(ROOT, "docs", "patches.md"), encoding="utf-8").read()
     assert committed == page.render(), "run: python -m kdist.keras_seam.page > docs/patches.md"

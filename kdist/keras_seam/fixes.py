@@ -642,6 +642,36 @@ def _uncast_variable(x):
     return x if isinstance(x, tf.Variable) else None
 
 
+# 17. TensorFlow's CPU scatter_add/scatter_sub sum the rows of repeated indices in an order that
+#     depends on its threads: the same update applied twice differs by up to 7e-7 here (20,480
+#     rows over 1,000 indices). Every replica applies the same summed sparse gradient, so under
+#     several replicas the copies drift apart (an Embedding of 1,000 rows, 512 x 20 ids, SGD:
+#     3.7e-9 after 2 epochs, Mirrored) and kdist's replica check stops the fit. Under several
+#     replicas the optimizer's sparse add/subtract sums the rows of each index first (one row per
+#     index, in a fixed order), then scatters: the same update, the same on every replica.
+def _rows_merged_before_scatter(original):
+    @functools.wraps(original)
+    def method(self, variable, value):
+        import tensorflow as tf
+
+        if isinstance(value, tf.IndexedSlices) and \
+                tf.distribute.get_strategy().num_replicas_in_sync > 1:
+            value = merged_rows(value)
+        return original(self, variable, value)
+
+    return method
+
+
+def merged_rows(value):
+    """`value` (IndexedSlices) with one row per index: the rows of each index summed, in the
+    order the indices first appear."""
+    import tensorflow as tf
+
+    rows, position = tf.unique(value.indices)
+    return tf.IndexedSlices(tf.math.unsorted_segment_sum(value.values, position, tf.shape(rows)[0]),
+                            rows, value.dense_shape)
+
+
 FIXES = [
     Patch("symbolic_build_without_collective", FIX,
           {Target("Trainer", "_maybe_symbolic_build"): _symbolic_build_without_collective},
@@ -820,6 +850,14 @@ FIXES = [
           why="every step with an Embedding reads its whole table, and a sparse update of the "
               "table then copies it whole (copy on write): 27-30 ms a step where reading the "
               "rows takes 4 ms (a 500,000 x 64 table)"),
+    Patch("sparse_updates_merged_under_replicas", FIX,
+          {Target("TFOptimizer", name): _rows_merged_before_scatter
+           for name in ("assign_add", "assign_sub")},
+          upstream="none filed; tf.config.experimental.enable_op_determinism lists scatter "
+                   "ops among the nondeterministic ones",
+          why="the replicas apply the same sparse update differently (repeated indices summed "
+              "in a thread-dependent order): an Embedding's copies drift apart and kdist's "
+              "replica check stops the fit"),
     Patch("ps_chief_exits_after_a_lost_worker", FIX,
           {Target("ParameterServerStrategy", "__init__"): _leaves_without_remote_removal},
           upstream="none filed yet (TF 2.22.0rc0); see kdist/keras_seam/fixes.py",

@@ -15,6 +15,9 @@ process). Prints one JSON line:
 - `seeded_batches`: the rows each step trains, under kdist.scope(), in a 2-epoch then a 1-epoch
   fit of one dataset shuffled with a seed (also with `steps_per_epoch`); `seeded_batches_one_device`
   the same on one device, Keras as shipped;
+- `sparse_update`: an Embedding's 2-epoch fit with repeated ids: the replicas' largest
+  difference and whether the step merges the rows of repeated indices before scattering (fix
+  sparse_updates_merged_under_replicas; `sparse_update_upstream` the fix removed);
 - `upstream`: how many MultiDeviceIterators over an autotuned dataset were read and deleted
   until a deletion waited (and how long it waited); `upstream_per_device`: the same over a
   dataset without autotuning, the per-device datasets as TensorFlow makes them.
@@ -130,6 +133,33 @@ def batches_trained(scoped: bool, steps_per_epoch=None) -> list:
     return steps
 
 
+def sparse_update() -> dict:
+    """A 2-epoch fit of an Embedding of 1,000 rows over 512 x 20 ids a batch (many repeated):
+    the largest difference between the replicas' tables, and whether the traced step merges the
+    sparse update's rows (fix sparse_updates_merged_under_replicas) before scattering them."""
+    from kdist.keras_seam import fixes
+
+    merges, merged_rows = [], fixes.merged_rows
+    fixes.merged_rows = lambda value: merges.append(1) or merged_rows(value)  # counted as traced
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 1000, (1024, 20)).astype("int32")
+    target = rng.normal(size=(1024, 1)).astype("float32")
+    with kdist.scope(check_replicas="warn") as scope:
+        keras.utils.set_random_seed(1)
+        model = keras.Sequential([keras.Input((20,), dtype="int32"),
+                                  keras.layers.Embedding(1000, 16),
+                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+        model.compile(keras.optimizers.SGD(0.5), "mse")
+    try:
+        model.fit(ids, target, batch_size=512, epochs=2, shuffle=False, verbose=0)
+    finally:
+        fixes.merged_rows = merged_rows
+    first, second = (t.numpy() for t in
+                     scope.experimental_local_results(model.layers[0].embeddings.value))
+    return {"replica_difference": float(np.abs(first - second).max()),
+            "merges_rows": bool(merges)}
+
+
 def per_device_autotuned(strategy) -> list:
     """For each replica's iterator of a distributed user's dataset: does its dataset autotune?"""
     distributed = iter(strategy.experimental_distribute_dataset(
@@ -184,6 +214,7 @@ report = {
     "distributions": for_each_input(distributions),
     "per_device_autotuned": per_device_autotuned(strategy),
     "iterators": for_each_input(iterators),
+    "sparse_update": sparse_update(),
     "seeded_batches": batches_trained(scoped=True),
     "seeded_batches_steps_per_epoch": batches_trained(scoped=True, steps_per_epoch=4),
     "makes_two": patches.patch("one_iterator_per_epoch").active,
@@ -191,6 +222,8 @@ report = {
 }
 patches.patch("one_iterator_per_epoch").uninstall()
 report["iterators_upstream"] = for_each_input(iterators)
+patches.patch("sparse_updates_merged_under_replicas").uninstall()
+report["sparse_update_upstream"] = sparse_update()
 report["seeded_batches_one_device"] = batches_trained(scoped=False)  # as Keras does, no fix
 report["seeded_batches_steps_per_epoch_one_device"] = batches_trained(scoped=False,
                                                                       steps_per_epoch=4)
