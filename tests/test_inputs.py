@@ -46,6 +46,11 @@ def one_batch(step):
     return step == list(range(step[0], step[0] + 16)) and step[0] % 16 == 0
 
 
+def one_device_steps(per_epoch, rows=16):
+    """Each step's examples (sorted) of one device's epochs, `rows` a step."""
+    return [sorted(epoch[i:i + rows]) for epoch in per_epoch for i in range(0, len(epoch), rows)]
+
+
 def like_one_device(job, key) -> bool:
     """Whether every step trained one whole batch, and every epoch each example once."""
     return all(one_batch(step) for step in steps(job, key)) and \
@@ -82,8 +87,7 @@ def test_a_seeded_reshuffle_trains_one_devices_batches_epoch_after_epoch(job):
     one_device = job["reports"][0]["tfdata_seeded_one_device"]
     assert job["reports"][1]["tfdata_seeded_one_device"] == one_device
     assert len(one_device) == 3 and one_device[0] != one_device[1]  # reshuffled each epoch
-    assert steps(job, "tfdata_seeded") == [sorted(epoch[i:i + 16]) for epoch in one_device
-                                           for i in range(0, len(epoch), 16)]
+    assert steps(job, "tfdata_seeded") == one_device_steps(one_device)
 
 
 def test_a_custom_loop_reads_the_seeded_order_one_process_reads(job):
@@ -91,8 +95,7 @@ def test_a_custom_loop_reads_the_seeded_order_one_process_reads(job):
     kdist's global seed leaves a seeded shuffle's order as it is without kdist."""
     one_device = job["reports"][0]["own_loop_seeded_one_device"]
     assert one_device[0] != one_device[1]
-    assert steps(job, "own_loop_seeded") == [sorted(epoch[i:i + 16]) for epoch in one_device
-                                             for i in range(0, len(epoch), 16)]
+    assert steps(job, "own_loop_seeded") == one_device_steps(one_device)
 
 
 def test_one_file_for_two_workers_is_sharded_by_data_said_once(job):

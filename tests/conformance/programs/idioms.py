@@ -71,12 +71,16 @@ def dense_model(*middle, outputs=1, seed=1):
                              keras.layers.Activation("relu"), keras.layers.Dense(outputs)])
 
 
-def fit_regression(model_fn, optimizer_fn, **compile_args):
+def fit_regression(model_fn, optimizer_fn, inputs=None, **compile_args):
+    """`model_fn()` compiled with `optimizer_fn()` and mse, fit and evaluated on `inputs` (X by
+    default) against Y."""
+    inputs = X if inputs is None else inputs
     with scope():
         model = model_fn()
         model.compile(optimizer_fn(), "mse", **compile_args)
-    history = model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
-    return model, history.history, model.evaluate(X, Y, batch_size=GLOBAL_BATCH, verbose=0,
+    history = model.fit(inputs, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
+                        verbose=0)
+    return model, history.history, model.evaluate(inputs, Y, batch_size=GLOBAL_BATCH, verbose=0,
                                                   return_dict=True)
 
 
@@ -431,12 +435,7 @@ def embedding_sgd():
         return keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(23, 4),
                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
 
-    with scope():
-        net = model()
-        net.compile(keras.optimizers.SGD(0.5), "mse")
-    history = net.fit(TOKENS, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
-    return net, history.history, net.evaluate(TOKENS, Y, batch_size=GLOBAL_BATCH, verbose=0,
-                                              return_dict=True)
+    return fit_regression(model, lambda: keras.optimizers.SGD(0.5), inputs=TOKENS)
 
 
 def gather_dense_unused_adam():
@@ -479,12 +478,7 @@ def position_embedding_adam():
         return keras.Sequential([keras.Input((6,), dtype="int32"), TokenAndPosition(),
                                  keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
 
-    with scope():
-        net = model()
-        net.compile(keras.optimizers.Adam(0.05), "mse")
-    history = net.fit(TOKENS, Y, batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False, verbose=0)
-    return net, history.history, net.evaluate(TOKENS, Y, batch_size=GLOBAL_BATCH, verbose=0,
-                                              return_dict=True)
+    return fit_regression(model, lambda: keras.optimizers.Adam(0.05), inputs=TOKENS)
 
 
 def fit_rows(rows, batch, sample_weight=None):
