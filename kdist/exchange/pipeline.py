@@ -121,7 +121,7 @@ class Exchange:
         weighed = []
         if self.balanced:
             weighed = list(range(len(grads)))
-        elif weights.recorded_batch_size() is not None:
+        elif weights.weighed_batch_size() is not None:
             weighed = [k for k in range(len(grads)) if k not in compressed]
         riders = []
         if weighed:
@@ -186,7 +186,7 @@ def plain_sum(grads_and_vars, replica_context, step, ring) -> list:
     pairs = list(grads_and_vars)
     comm = Comm(replica_context, step, ring)
     grads, riders = [g for g, _ in pairs], []
-    if weights.recorded_batch_size() is not None:
+    if weights.weighed_batch_size() is not None:
         grads, examples = weights.weigh(grads, comm.replicas)
         riders = [examples]
     summed = comm.all_reduce_sum(grads + riders)

@@ -17,14 +17,25 @@ import threading
 _local = threading.local()
 
 
-def recording_batch_size(train_step):
-    """Wraps a model's `train_step` so the optimizer can read this replica's batch size."""
+def recording_batch_size(step_function):
+    """Wraps a model's `train_step` (or `test_step`) so the optimizer weighs this replica's
+    gradients by its batch size (`weighed_batch_size`), which `kdist.exchange.empty_shares`
+    reads too."""
+    return _recording(step_function, weighs=True)
 
-    @functools.wraps(train_step)
+
+def recording_examples(step_function):
+    """`recording_batch_size` for `kdist.exchange.empty_shares` alone: the gradients keep Keras's
+    equal weights."""
+    return _recording(step_function, weighs=False)
+
+
+def _recording(step_function, weighs: bool):
+    @functools.wraps(step_function)
     def step(data):
-        _local.batch_size = batch_size_of(data)
+        _local.batch_size, _local.weighs = batch_size_of(data), weighs
         try:
-            return train_step(data)
+            return step_function(data)
         finally:
             _local.batch_size = None
 
@@ -32,16 +43,25 @@ def recording_batch_size(train_step):
 
 
 def recorded_batch_size():
-    """This replica's examples in the `train_step` running now; None outside one (a custom
-    training loop calling the optimizer itself)."""
+    """This replica's examples in the `train_step` or `test_step` running now; None outside one
+    (a custom training loop calling the optimizer itself)."""
     return getattr(_local, "batch_size", None)
 
 
+def weighed_batch_size():
+    """`recorded_batch_size()` where the gradients are weighed by it, else None."""
+    return recorded_batch_size() if getattr(_local, "weighs", False) else None
+
+
 def batch_size_of(data):
-    """Examples in a (x, y, sample_weight) batch: the first dimension of its first tensor."""
+    """Examples in a (x, y, sample_weight) batch: the first dimension of its first tensor (a
+    constant where the batch's shape holds it)."""
     import tensorflow as tf
 
-    return tf.shape(tf.nest.flatten(data)[0], out_type=tf.int64)[0]
+    first = tf.nest.flatten(data)[0]
+    if first.shape.rank and first.shape[0] is not None:
+        return tf.constant(first.shape[0], tf.int64)
+    return tf.shape(first, out_type=tf.int64)[0]
 
 
 def scaled(gradient, factor):
@@ -62,7 +82,7 @@ def weigh(gradients: list, replicas: int):
     (b_i: what its `train_step` recorded)."""
     import tensorflow as tf
 
-    batch_size = recorded_batch_size()
+    batch_size = weighed_batch_size()
     if batch_size is None:
         raise RuntimeError("kdist balance: the optimizer was called outside the model's train_step, "
                            "so this replica's batch size is unknown. Call the optimizer from "

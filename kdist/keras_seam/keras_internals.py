@@ -88,11 +88,19 @@ def set_train_function(model, function) -> None:
 def wrap_train_step(model, make) -> None:
     """Replaces `model.train_step` (Keras's, or the user's override, or another kdist wrapper)
     by `make(train_step)`, once per `make` and model, on this model only."""
-    applied = getattr(model.train_step, "_kdist_wrappers", ())
+    wrap_method(model, "train_step", make)
+
+
+def wrap_method(model, name: str, make) -> None:
+    """Replaces the method `name` of `model` (`train_step`, `test_step`, `compute_loss`, ...:
+    Keras's, the user's override or another kdist wrapper) by `make(method)`, once per `make` and
+    model, on this model only."""
+    method = getattr(model, name)
+    applied = getattr(method, "_kdist_wrappers", ())
     if make not in applied:
-        wrapped = make(model.train_step)
+        wrapped = make(method)
         wrapped._kdist_wrappers = (*applied, make)
-        object.__setattr__(model, "train_step", wrapped)  # not tracked by Keras
+        object.__setattr__(model, name, wrapped)  # not tracked by Keras
 
 
 # ------------------------------------------------------------------ optimizers

@@ -32,7 +32,7 @@ class KdistHooks(Hooks):
     def after_compile(self, model) -> None:
         """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
         ask for to its optimizer."""
-        from kdist.exchange import Exchange, weights
+        from kdist.exchange import Exchange, empty_shares, weights
         from kdist.exchange.comm import tcp_ring
         from kdist.wiring import options as training_options
 
@@ -41,9 +41,15 @@ class KdistHooks(Hooks):
             logger.info("kdist: balance=%s with one replica: nothing to balance", options.balance)
             options = dataclasses.replace(options, balance=None)
         states.bind(model, options)
-        if _weighs_examples(model) or (options.balance is not None and _sums_replicas(model)):
-            # each replica's gradients weighed by its examples (balance: always)
-            keras_internals.wrap_train_step(model, weights.recording_batch_size)
+        if _sums_replicas(model):
+            # each replica's gradients weighed by its examples (balance: always); on every
+            # replica of several, an empty share computes no loss and no metric
+            weighs = _weighs_examples(model) or options.balance is not None
+            record = weights.recording_batch_size if weighs else weights.recording_examples
+            for step in ("train_step", "test_step"):
+                keras_internals.wrap_method(model, step, record)
+            keras_internals.wrap_method(model, "compute_loss", empty_shares.skipping_loss)
+            keras_internals.wrap_method(model, "compute_metrics", empty_shares.skipping_metrics)
         optimizer = model.optimizer
         keras_accumulation = _accumulation_in_phases(model)
         if optimizer is None or not (options.exchanges_gradients or keras_accumulation):
@@ -96,7 +102,7 @@ class KdistHooks(Hooks):
         if exchange is not None:
             summed = exchange.exchange(grads_and_vars, context)
         elif (ring := tcp_ring(context.strategy)) is not None \
-                or weights.recorded_batch_size() is not None \
+                or weights.weighed_batch_size() is not None \
                 or placement.own_group_devices([v for _, v in grads_and_vars], context.strategy) \
                 or any(same_rows.sparse_and_same_on_every_replica(g) for g, _ in grads_and_vars):
             summed = plain_sum(grads_and_vars, context, optimizer.iterations, ring)

@@ -40,7 +40,8 @@ if KERAS < (3, 7, 0):  # Keras <= 3.6 aborts the all-reduce at an epoch's end (k
 # Keras < 3.8 under Mirrored: kdist leaves Keras's equal replica weights (kdist.wiring.keras_hooks.
 # _weighs_examples), so a short last batch weighs examples as plain tf.distribute does.
 NOT_ONE_DEVICE_MIRRORED = {"uneven_last_batch", "uneven_last_batch_weighted",
-                           "one_row_last_batch", "empty_share"} if KERAS < (3, 8, 0) else set()
+                           "one_row_last_batch", "empty_share",
+                           "empty_share_broadcasting_loss"} if KERAS < (3, 8, 0) else set()
 if KERAS < (3, 14, 0):  # keras-team/keras#22018, fixed in Keras 3.14
     NOT_ONE_DEVICE["activity_regularizer"] = "Keras < 3.14 does not divide the activity loss by " \
         "the batch size, so its strength depends on each replica's batch"
@@ -82,7 +83,8 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "sample_weight", "classification_metrics", "multi_output", "dropout", "custom_train_step",
     "custom_train_step_loss_object", "gan_two_optimizers", "vae", "diverging_replicas",
     "jit_compile", "embedding_sgd", "position_embedding_adam", "gather_dense_unused_adam",
-    "uneven_last_batch", "uneven_last_batch_weighted", "one_row_last_batch", "empty_share", "pydataset",
+    "uneven_last_batch", "uneven_last_batch_weighted", "one_row_last_batch", "empty_share",
+    "empty_share_broadcasting_loss", "pydataset",
     "pydataset_two_workers", "generator_steps_per_epoch", "generator_to_its_end",
     "generator_to_its_end_in_executions"]
 

@@ -510,6 +510,18 @@ def empty_share():
     return fit_rows(5, 2)
 
 
+def empty_share_broadcasting_loss():
+    """keras-team/keras#20712's loss: targets of shape (N,) against 10 outputs, which mse
+    broadcasts on one device when a batch has 1 row; a global batch of 1 leaves every other
+    replica's share empty (0 rows do not broadcast against 10)."""
+    with scope():
+        model = dense_model(outputs=10)
+        model.compile(keras.optimizers.SGD(0.05), "mse", metrics=["mae"])
+    history = model.fit(X[:5], Y[:5, 0], batch_size=1, epochs=EPOCHS, shuffle=False, verbose=0)
+    return model, history.history, model.evaluate(X[:5], Y[:5, 0], batch_size=1, verbose=0,
+                                                  return_dict=True)
+
+
 def fit_pydataset(workers, use_multiprocessing=False):
     """A keras.utils.PyDataset of global batches, loaded by `workers` threads (or processes)."""
     class Batches(keras.utils.PyDataset):
@@ -576,7 +588,8 @@ IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, 
           classification_metrics, multi_output, dropout, custom_train_step,
           custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
           embedding_sgd, position_embedding_adam, gather_dense_unused_adam, uneven_last_batch,
-          uneven_last_batch_weighted, one_row_last_batch, empty_share, pydataset, pydataset_two_workers,
+          uneven_last_batch_weighted, one_row_last_batch, empty_share,
+          empty_share_broadcasting_loss, pydataset, pydataset_two_workers,
           generator_steps_per_epoch, generator_to_its_end, generator_to_its_end_in_executions]
 
 
