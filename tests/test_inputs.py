@@ -83,11 +83,14 @@ def test_an_unseeded_tf_data_shuffle_takes_one_order_on_every_worker_and_reshuff
 def test_a_seeded_reshuffle_trains_one_devices_batches_epoch_after_epoch(job):
     """`shuffle(64, seed=7)` without repeat, a 2-epoch fit then a 1-epoch fit of the same dataset:
     every step trains the global batch one device trains (one device's epoch e is the shuffle's
-    draw 2e - 1: Keras makes an iterator at each epoch's end that the next epoch replaces)."""
+    draw 2e - 1: Keras makes an iterator at each epoch's end that the next epoch replaces). No
+    worker reads an element of the dataset more often than one device does."""
     one_device = job["reports"][0]["tfdata_seeded_one_device"]
     assert job["reports"][1]["tfdata_seeded_one_device"] == one_device
     assert len(one_device) == 3 and one_device[0] != one_device[1]  # reshuffled each epoch
     assert steps(job, "tfdata_seeded") == one_device_steps(one_device)
+    for report in job["reports"]:
+        assert report["tfdata_seeded_reads"] <= report["tfdata_seeded_one_device_reads"], report
 
 
 def test_a_custom_loop_reads_the_seeded_order_one_process_reads(job):

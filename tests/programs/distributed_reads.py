@@ -12,9 +12,10 @@ process). Prints one JSON line:
 - `iterators`: how many distributed iterators a 3-epoch fit makes, for each kind of input (fix
   one_iterator_per_epoch: one per epoch; `iterators_upstream`, the fix removed: Keras >= 3.7 makes
   two per epoch where it knows the epoch's size); `makes_two` whether the fix applies here;
-- `seeded_batches`: the rows each step trains, under kdist.scope(), in a 2-epoch then a 1-epoch
-  fit of one dataset shuffled with a seed (also with `steps_per_epoch`); `seeded_batches_one_device`
-  the same on one device, Keras as shipped;
+- `seeded`: the rows each step trains (`batches`), under kdist.scope(), in a 2-epoch then a
+  1-epoch fit of one dataset shuffled with a seed, and how many elements were read from its
+  source (`reads`); `seeded_steps_per_epoch` with `steps_per_epoch`; `seeded_one_device` and
+  `seeded_steps_per_epoch_one_device` the same on one device, Keras as shipped;
 - `sparse_update`: an Embedding's 2-epoch fit with repeated ids: the replicas' largest
   difference and whether the step merges the rows of repeated indices before scattering (fix
   sparse_updates_merged_under_replicas; `sparse_update_upstream` the fix removed);
@@ -105,11 +106,18 @@ def iterators(strategy, **inputs_of_fit) -> int:
     return len(made)
 
 
-def batches_trained(scoped: bool, steps_per_epoch=None) -> list:
+def batches_trained(scoped: bool, steps_per_epoch=None) -> dict:
     """The rows (sorted ids) each step trains in a 2-epoch fit, then a 1-epoch fit of a new
     model, of one dataset shuffled with a seed (reshuffled each epoch, no repeat): under
-    kdist.scope() (both replicas' shares together) or on one device (no strategy)."""
-    dataset = tf.data.Dataset.range(64).map(lambda i: tf.fill([1], tf.cast(i, tf.float32)))
+    kdist.scope() (both replicas' shares together) or on one device (no strategy); and how many
+    elements were read from the dataset's source in all."""
+    reads = []
+
+    def read(i):
+        i = tf.py_function(lambda v: reads.append(1) or v, [i], tf.int64)
+        return tf.fill([1], tf.cast(i, tf.float32))
+
+    dataset = tf.data.Dataset.range(64).map(read)
     dataset = dataset.map(lambda v: (v, v)).shuffle(64, seed=7).batch(16)
     seen, steps = [], []
 
@@ -130,7 +138,7 @@ def batches_trained(scoped: bool, steps_per_epoch=None) -> list:
             model.compile("sgd", "mse")
         model.fit(dataset, epochs=epochs, verbose=0, steps_per_epoch=steps_per_epoch,
                   callbacks=[keras.callbacks.LambdaCallback(on_train_batch_end=on_batch_end)])
-    return steps
+    return {"batches": steps, "reads": len(reads)}
 
 
 def sparse_update() -> dict:
@@ -215,8 +223,8 @@ report = {
     "per_device_autotuned": per_device_autotuned(strategy),
     "iterators": for_each_input(iterators),
     "sparse_update": sparse_update(),
-    "seeded_batches": batches_trained(scoped=True),
-    "seeded_batches_steps_per_epoch": batches_trained(scoped=True, steps_per_epoch=4),
+    "seeded": batches_trained(scoped=True),
+    "seeded_steps_per_epoch": batches_trained(scoped=True, steps_per_epoch=4),
     "makes_two": patches.patch("one_iterator_per_epoch").active,
     "upstream": deletions_until_a_wait(autotuned_source=True),
 }
@@ -224,9 +232,8 @@ patches.patch("one_iterator_per_epoch").uninstall()
 report["iterators_upstream"] = for_each_input(iterators)
 patches.patch("sparse_updates_merged_under_replicas").uninstall()
 report["sparse_update_upstream"] = sparse_update()
-report["seeded_batches_one_device"] = batches_trained(scoped=False)  # as Keras does, no fix
-report["seeded_batches_steps_per_epoch_one_device"] = batches_trained(scoped=False,
-                                                                      steps_per_epoch=4)
+report["seeded_one_device"] = batches_trained(scoped=False)  # as Keras does, no fix
+report["seeded_steps_per_epoch_one_device"] = batches_trained(scoped=False, steps_per_epoch=4)
 patches.patch("distributed_reads_end_at_once").uninstall()
 report.update(per_device_autotuned_upstream=per_device_autotuned(strategy),
               upstream_per_device=deletions_until_a_wait(autotuned_source=False))

@@ -82,19 +82,26 @@ def shuffled(rows=64):
     return examples.map(lambda x: (x, x)).shuffle(rows).batch(16)
 
 
-def seeded(rows=64):
-    """keras.io's pipeline: examples shuffled with a seed (reshuffled each epoch), no repeat."""
-    examples = tf.data.Dataset.range(rows).map(lambda i: tf.fill([1], tf.cast(i, tf.float32)))
+def seeded(rows=64, reads=None):
+    """keras.io's pipeline: examples shuffled with a seed (reshuffled each epoch), no repeat;
+    each element read from its source appended to `reads`."""
+    examples = tf.data.Dataset.range(rows)
+    if reads is not None:
+        examples = examples.map(
+            lambda i: tf.py_function(lambda v: reads.append(1) or v, [i], tf.int64))
+    examples = examples.map(lambda i: tf.fill([1], tf.cast(i, tf.float32)))
     return examples.map(lambda x: (x, x)).shuffle(rows, seed=7).batch(16)
 
 
 def two_fits(one_device=False):
-    """A 2-epoch fit, then a 1-epoch fit of a new model on the same dataset object."""
-    data = seeded()
+    """A 2-epoch fit, then a 1-epoch fit of a new model on the same dataset object; and how many
+    elements this process read from the dataset's source."""
+    reads = []
+    data = seeded(reads=reads)
     first = trained(data, epochs=2, one_device=one_device)
     second = trained(data, epochs=1, one_device=one_device)
-    return first + second if isinstance(first, list) and isinstance(second, list) else \
-        [first, second]
+    return (first + second if isinstance(first, list) and isinstance(second, list) else
+            [first, second]), len(reads)
 
 
 def own_loop(one_device=False):
@@ -127,7 +134,7 @@ report["pydataset_2"] = trained(Batches(workers=2), shuffle=True)
 report["tfrecord"] = trained(records(os.path.join(out, "one.tfrecord")))
 report["tfdata_shuffled"] = trained(shuffled())
 report["tfdata_shuffled_short"] = trained(shuffled(69))  # 5 batches, the last of 5 rows
-report["tfdata_seeded"] = two_fits()
+report["tfdata_seeded"], report["tfdata_seeded_reads"] = two_fits()
 report["own_loop_seeded"] = own_loop()
 report["tfrecord_file_policy"] = trained(file_policy(records(os.path.join(out, "file.tfrecord"))))
 # Upstream (kdist's fixes removed), last: a failed first batch leaves the workers' collectives out
@@ -139,7 +146,8 @@ tf.random.set_seed(None)  # no global seed: each process draws its own shuffle s
 report["upstream_tfdata_shuffled"] = trained(shuffled())
 # One device, as a program without kdist runs it: no global seed, Keras's own epoch iterators.
 patches.patch("one_iterator_per_epoch").uninstall()
-report["tfdata_seeded_one_device"] = two_fits(one_device=True)
+report["tfdata_seeded_one_device"], report["tfdata_seeded_one_device_reads"] = \
+    two_fits(one_device=True)
 report["own_loop_seeded_one_device"] = own_loop(one_device=True)
 save()
 report["upstream_tfrecord"] = trained(records(os.path.join(out, "upstream.tfrecord")), epochs=1)
