@@ -41,6 +41,8 @@ SETTINGS = {
     "1e-9": "kdist verify's float64 tolerance (kdist.wiring.comparison.TOLERANCE)",
     "1e-2": "kdist verify's float16 tolerance (kdist.wiring.comparison.TOLERANCE)",
     "3e-2": "kdist verify's bfloat16 tolerance (kdist.wiring.comparison.TOLERANCE)",
+    "0.0312": "kdist verify's allowance per move under mixed_bfloat16, 8 x 2^-8 "
+              "(kdist.wiring.comparison.ROUNDOFFS_ALLOWED)",
 }
 WITH_UNIT = re.compile(r"(?<![\w.])~?\d[\d,]*(?:\.\d+)?\s?(?:ms|s|x|%|[KMG]i?B|ns|us|[MG]bit(?:/s)?"
                        r"|bytes)(?!\w)")

@@ -134,6 +134,12 @@ def _print_report(path: str, workers: int) -> int:
           "with the same global batches from the same start")
     print(f"  every worker holds the same variables: {_verdict(agree)}")
     print(f"  against one device: {_verdict(one)}")
+    if report["bounds"]["per_move"]:
+        bounds = report["bounds"]
+        print(f"  allowed beside each dtype's tolerance: {bounds['per_move']:.3g} of each "
+              f"variable's largest move on one device, as the policy {bounds['policy']} computes"
+              f" in {bounds['compute_dtype']}, which two replicas round differently from one "
+              "device")
     same = agree["first_differing"] is None and one["first_differing"] is None
     if not same and report["lossy"]:
         print(f"  expected: the gradients are compressed with {report['lossy']}, which is lossy; "
@@ -152,4 +158,6 @@ def _verdict(comparison: dict) -> str:
         return f"yes, {text}"
     return (f"NO, {text}; first variable that differs: {first['variable']} at "
             f"{first['index']}: {first['value']:.8g} against {first['expected']:.8g} (tolerance "
-            f"{first['tolerance']:g} x (1 + |value|) for {first['dtype']})")
+            f"{first['tolerance']:g} x (1 + |value|) for {first['dtype']}"
+            + (f" + {first['allowance']:.3g} for rounding" if first.get("allowance") else "")
+            + ")")

@@ -222,8 +222,16 @@ class Replay(_Steps):
         for record in self.records:
             path = os.path.join(self.plan.folder, _file("final", record["task"], "npz"))
             workers[record["task"]], _ = _load_variables(path)
+        policy = self.model.dtype_policy
+        shares = [comparison.per_move(v.dtype, policy.compute_dtype) for v in variables]
+        initial, _ = _load_variables(os.path.join(self.plan.folder, INITIAL))
+        allowances = [comparison.allowance(value, start, share)
+                      for value, start, share in zip(one_device, initial, shares)]
         report = comparison.compare(one_device, workers, [v.path for v in variables],
-                                    [comparison.dtype_name(v.dtype) for v in variables])
+                                    [comparison.dtype_name(v.dtype) for v in variables],
+                                    allowances)
+        report["bounds"] = {"policy": policy.name, "compute_dtype": policy.compute_dtype,
+                            "per_move": max(shares, default=0.0)}
         report["replicas"] = self.plan.replicas
         report["lossy"] = self.records[0]["lossy"]
         report["steps"] = steps

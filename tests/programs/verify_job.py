@@ -6,7 +6,8 @@ in batches of 16. INPUT picks how they come: NumPy arrays shuffled by fit (the d
 "pydataset1" and "pydataset2" (a keras.utils.PyDataset with 1 and 2 loader threads, shuffled by
 fit) or "tfrecord" (one TFRecord file in RECORDS that the chief writes, read by every worker).
 EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives" (TensorFlow's),
-"buckets" (bucket_bytes), "aggregate" (aggregate_every=2) or "fp16" (a lossy compressor). With
+"buckets" (bucket_bytes), "aggregate" (aggregate_every=2) or "fp16" (a lossy compressor). POLICY
+sets Keras's global dtype policy (mixed_bfloat16: computed in bfloat16). With
 PLANT=1 the first half of the Embedding's summed gradient slices is counted twice on every worker:
 wrong, yet every worker agrees (the replica check cannot see it; kdist verify must). Not the whole
 sum twice: Adam divides a gradient by its own scale, so that would train almost as one device.
@@ -24,6 +25,8 @@ import numpy as np
 import tensorflow as tf
 
 ROWS = int(os.environ.get("ROWS", "69"))
+if os.environ.get("POLICY"):
+    keras.mixed_precision.set_global_policy(os.environ["POLICY"])
 OPTIONS = {"": {}, "collectives": {"all_reduce": "ring"}, "buckets": {"bucket_bytes": 64},
            "aggregate": {"aggregate_every": 2},
            "fp16": {"compression": "fp16"}}[os.environ.get("EXCHANGE", "")]
