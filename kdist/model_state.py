@@ -34,7 +34,9 @@ class ModelState:
         self.initial_step = 0
         self.sync = None
         self.functions: dict = {}
-        self.warned_unscaled_step = False  # dispatch's Keras < 3.8 custom train_step warning
+        # said that a train_step of the user's may differentiate a loss not divided by the
+        # replicas (dispatch's Keras < 3.8 warning, or kdist.wiring.own_losses)
+        self.warned_unscaled_step = False
 
 
 def of(model) -> ModelState:

@@ -95,6 +95,20 @@ def test_a_wrong_sum_every_worker_agrees_on_is_found_and_named(tmp_path):
     assert "first variable that differs: " + first["variable"] in result.stdout
 
 
+def test_a_loss_not_divided_by_the_replicas_is_said_and_named_by_its_update_ratio(tmp_path):
+    """A train_step of the user's reducing its loss with a mean (keras.io's VAE's way), SGD: each
+    worker says once, at the step's trace, that Keras did not divide that loss; verify finds the
+    update 2x one device's and names that cause."""
+    result, report = verify(tmp_path, env={"OWN_LOSS": "1"})
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-3000:]
+    # 2x at the first step; the steps after start from other weights (measured 2.06 after 5)
+    assert report["one_device"]["first_differing"]["update_ratio"] == pytest.approx(2, rel=0.05)
+    assert "x one device's: as when a loss is not divided by the 2 replicas" in result.stdout
+    said = [line for line in (result.stdout + result.stderr).splitlines()
+            if "OwnLoss.train_step differentiates a loss that Keras did not divide" in line]
+    assert sorted(line.split("]")[0] for line in said) == ["[worker-0", "[worker-1"], said
+
+
 def test_a_model_computed_in_bfloat16_is_judged_with_its_rounding_allowance(tmp_path):
     """Under mixed_bfloat16 two replicas round their half batches differently from one device
     (about 4e-5 after 5 steps here, beyond float32's tolerance): verify allows 8 roundoffs of

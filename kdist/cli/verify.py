@@ -134,6 +134,9 @@ def _print_report(path: str, workers: int) -> int:
           "with the same global batches from the same start")
     print(f"  every worker holds the same variables: {_verdict(agree)}")
     print(f"  against one device: {_verdict(one)}")
+    cause = _update_cause(one["first_differing"], report["replicas"])
+    if cause:
+        print(f"  {cause}")
     if report["bounds"]["per_move"]:
         bounds = report["bounds"]
         print(f"  allowed beside each dtype's tolerance: {bounds['per_move']:.3g} of each "
@@ -147,6 +150,21 @@ def _print_report(path: str, workers: int) -> int:
     print("kdist verify: the same training as one device" if same else
           "kdist verify: DIFFERENT from one device")
     return exit_codes.OK if same else exit_codes.VERIFY_DIFFERS
+
+
+def _update_cause(first: dict | None, replicas: int) -> str | None:
+    """What the first differing variable's update ratio to one device's says, if anything."""
+    ratio = (first or {}).get("update_ratio")
+    if ratio is None or abs(ratio - 1) < 0.05:
+        return None
+    said = f"its update is {ratio:.2f}x one device's"
+    if abs(ratio - replicas) < 0.05 * replicas:
+        said += (f": as when a loss is not divided by the {replicas} replicas (a train_step's "
+                 "own ops.mean over its batch); divide it by "
+                 "kdist.strategy().num_replicas_in_sync, or compute it with self.compute_loss")
+    elif abs(ratio * replicas - 1) < 0.05:
+        said += f": as when a loss is divided by the {replicas} replicas twice"
+    return said
 
 
 def _verdict(comparison: dict) -> str:

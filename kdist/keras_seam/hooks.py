@@ -59,6 +59,10 @@ class Hooks:
         """The optimizer decays `variables` (Keras: once per update step)."""
         return original(optimizer, variables)
 
+    def loss_divided(self) -> None:
+        """Keras divided a loss by the replicas in sync (`scale_loss_for_distribution`: a loss
+        object, `compute_loss`) in the replica's step being traced."""
+
     def accumulation_phase(self, optimizer) -> bool | None:
         """Under several replicas, whether this trace of Keras's gradient accumulation
         (`gradient_accumulation_steps`) accumulates (True) or applies (False); None: no phase is

@@ -131,7 +131,10 @@ def _scale_gradient_only(original):
         import tensorflow as tf
 
         replicas = tf.distribute.get_strategy().num_replicas_in_sync
-        return value if replicas == 1 else _gradient_scaled(value, 1.0 / replicas)
+        if replicas == 1:
+            return value
+        connected().loss_divided()
+        return _gradient_scaled(value, 1.0 / replicas)
 
     return scale_loss_for_distribution
 

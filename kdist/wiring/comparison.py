@@ -61,18 +61,38 @@ def differs(distributed, reference, dtype: str, allowed: float = 0.0) -> bool:
                        > tolerance * (1 + np.abs(np.asarray(reference, "float64"))) + allowed))
 
 
+def update_ratio(distributed, one_device, initial) -> float | None:
+    """How many times one device's update of a variable (from `initial`) the distributed run's
+    is, fitted over all its elements; None where one device did not move it.
+
+    >>> update_ratio(np.array([1.0, 4.0]), np.array([1.5, 2.5]), np.array([2.0, 1.0]))
+    2.0
+    """
+    ours = np.asarray(distributed, "float64") - initial
+    theirs = np.asarray(one_device, "float64") - initial
+    moved = float(np.sum(theirs * theirs))
+    return float(np.sum(ours * theirs) / moved) if moved > 0 else None
+
+
 def compare(one_device: list, workers: dict, paths: list, dtypes: list,
-            allowances: list | None = None) -> dict:
+            allowances: list | None = None, initial: list | None = None) -> dict:
     """Each worker's variables (`workers`: task -> values, in the model's order) against one
     device's (each allowed its `allowances`, none by default), and against the first worker's
-    (exactly as its dtype allows: every worker computes the same way)."""
+    (exactly as its dtype allows: every worker computes the same way). With the `initial`
+    values, the first variable that differs from one device says its `update_ratio`."""
     first = next(iter(workers.values()))
     allowances = allowances or [0.0] * len(paths)
+    against_one = _difference(list(workers.values()), one_device, paths, dtypes, allowances)
+    differing = against_one["first_differing"]
+    if differing is not None and initial is not None:
+        k = paths.index(differing["variable"])
+        ratios = [update_ratio(run[k], one_device[k], np.asarray(initial[k], "float64"))
+                  for run in workers.values()]
+        differing["update_ratio"] = ratios[0]
     return {"workers": list(workers), "variables": len(paths),
             "workers_agree": _difference(list(workers.values()), first, paths, dtypes,
                                          [0.0] * len(paths)),
-            "one_device": _difference(list(workers.values()), one_device, paths, dtypes,
-                                      allowances)}
+            "one_device": against_one}
 
 
 def _difference(runs: list, reference: list, paths: list, dtypes: list, allowances: list) -> dict:

@@ -33,6 +33,7 @@ class KdistHooks(Hooks):
         """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
         ask for to its optimizer."""
         from kdist.exchange import Exchange, empty_shares, weights
+        from kdist.wiring import own_losses
         from kdist.exchange.comm import tcp_ring
         from kdist.wiring import options as training_options
 
@@ -50,6 +51,8 @@ class KdistHooks(Hooks):
                 keras_internals.wrap_method(model, step, record)
             keras_internals.wrap_method(model, "compute_loss", empty_shares.skipping_loss)
             keras_internals.wrap_method(model, "compute_metrics", empty_shares.skipping_metrics)
+            if _own_step_with_divided_losses(model):
+                keras_internals.wrap_method(model, "train_step", own_losses.watching)
         optimizer = model.optimizer
         keras_accumulation = _accumulation_in_phases(model)
         if optimizer is None or not (options.exchanges_gradients or keras_accumulation):
@@ -89,11 +92,13 @@ class KdistHooks(Hooks):
         from kdist.exchange.comm import tcp_ring
         from kdist.layers import placement
         from kdist.steps import clock
+        from kdist.wiring import own_losses
         if sync.applying(optimizer):  # one replica per worker: nothing to exchange
             return list(grads_and_vars)
         context = tf.distribute.get_replica_context()
         if context is None:
             return original(optimizer, grads_and_vars)
+        own_losses.check(context.num_replicas_in_sync)
         grads_and_vars = list(grads_and_vars)
         timed = clock.tracing_watched()  # a watched fit is tracing its step (kdist.steps)
         if timed:
@@ -111,6 +116,11 @@ class KdistHooks(Hooks):
         if timed:
             clock.reading([g for g, _ in summed], "summed")
         return summed
+
+    def loss_divided(self) -> None:
+        from kdist.wiring import own_losses
+
+        own_losses.loss_divided()
 
     def mean_of_logs(self, strategy, scalars, one_step_per_call):
         from kdist.exchange import scalar_means
@@ -170,6 +180,18 @@ class KdistHooks(Hooks):
 def _sums_replicas(model) -> bool:
     strategy = model.distribute_strategy
     return strategy.num_replicas_in_sync > 1 and not is_parameter_server(strategy)
+
+
+def _own_step_with_divided_losses(model) -> bool:
+    """Whether `model` has a `train_step` of the user's and Keras divides losses by the replicas
+    (through kdist's fix `loss_value_per_replica`, Keras >= 3.8), so `kdist.wiring.own_losses`
+    can tell a step whose loss it never divided."""
+    import keras
+
+    from kdist.keras_seam import patches
+
+    return type(model).train_step is not keras.Model.train_step and \
+        patches.patch("loss_value_per_replica").active
 
 
 def _weighs_examples(model) -> bool:

@@ -229,7 +229,7 @@ class Replay(_Steps):
                       for value, start, share in zip(one_device, initial, shares)]
         report = comparison.compare(one_device, workers, [v.path for v in variables],
                                     [comparison.dtype_name(v.dtype) for v in variables],
-                                    allowances)
+                                    allowances, initial)
         report["bounds"] = {"policy": policy.name, "compute_dtype": policy.compute_dtype,
                             "per_move": max(shares, default=0.0)}
         report["replicas"] = self.plan.replicas

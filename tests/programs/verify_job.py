@@ -7,7 +7,8 @@ in batches of 16. INPUT picks how they come: NumPy arrays shuffled by fit (the d
 fit) or "tfrecord" (one TFRecord file in RECORDS that the chief writes, read by every worker).
 EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives" (TensorFlow's),
 "buckets" (bucket_bytes), "aggregate" (aggregate_every=2) or "fp16" (a lossy compressor). POLICY
-sets Keras's global dtype policy (mixed_bfloat16: computed in bfloat16). With
+sets Keras's global dtype policy (mixed_bfloat16: computed in bfloat16). OWN_LOSS=1 trains with a
+train_step of its own whose loss is a mean over the replica's batch (SGD). With
 PLANT=1 the first half of the Embedding's summed gradient slices is counted twice on every worker:
 wrong, yet every worker agrees (the replica check cannot see it; kdist verify must). Not the whole
 sum twice: Adam divides a gradient by its own scale, so that would train almost as one device.
@@ -61,11 +62,29 @@ class Unused(keras.layers.Layer):
         return x
 
 
+class OwnLoss(keras.Model):
+    """keras.io's VAE's way: a train_step that reduces its own loss with a mean, not divided by
+    the replicas."""
+
+    def train_step(self, data):
+        features, target = data[:2]
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(self(features, training=True) - target))
+        gradients = tape.gradient(loss, self.trainable_variables)
+        self.optimizer.apply([tf.zeros_like(v) if g is None else g for g, v in
+                              zip(gradients, self.trainable_variables)], self.trainable_variables)
+        return {"loss": loss}
+
+
 with kdist.scope(**OPTIONS):
     ids = keras.Input((6,), dtype="int32", name="ids")
     pooled = keras.layers.GlobalAveragePooling1D()(Unused()(keras.layers.Embedding(40, 4)(ids)))
-    model = keras.Model({"ids": ids}, keras.layers.Dense(1)(pooled))
-    model.compile(keras.optimizers.Adam(0.01), "mse")
+    if os.environ.get("OWN_LOSS"):
+        model = OwnLoss({"ids": ids}, keras.layers.Dense(1)(pooled))
+        model.compile(keras.optimizers.SGD(0.1))
+    else:
+        model = keras.Model({"ids": ids}, keras.layers.Dense(1)(pooled))
+        model.compile(keras.optimizers.Adam(0.01), "mse")
 BATCHES = -(-ROWS // 16)
 
 
