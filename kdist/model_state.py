@@ -37,6 +37,7 @@ class ModelState:
         # said that a train_step of the user's may differentiate a loss not divided by the
         # replicas (dispatch's Keras < 3.8 warning, or kdist.wiring.own_losses)
         self.warned_unscaled_step = False
+        self.said_batch_statistics = False  # kdist.wiring.batch_statistics, once per model
 
 
 def of(model) -> ModelState:

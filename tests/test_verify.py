@@ -109,6 +109,20 @@ def test_a_loss_not_divided_by_the_replicas_is_said_and_named_by_its_update_rati
     assert sorted(line.split("]")[0] for line in said) == ["[worker-0", "[worker-1"], said
 
 
+def test_per_replica_batch_statistics_are_said_at_the_first_fit_and_by_verify(tmp_path):
+    """A BatchNormalization layer normalizes each replica's share with its own statistics, which
+    one device cannot: each worker says so once at its first fit, and verify names the layer as
+    the expected difference, with the switch that makes it exact."""
+    result, report = verify(tmp_path, env={"BATCHNORM": "1"})
+    assert result.returncode == 1, result.stdout[-4000:] + result.stderr[-3000:]
+    assert report["per_replica_statistics"] == ["per_replica_norm"]
+    assert "expected: 1 BatchNormalization layer(s) (per_replica_norm) normalize each " \
+           "replica's share with its own statistics" in result.stdout
+    said = [line for line in (result.stdout + result.stderr).splitlines()
+            if "BatchNormalization layer(s) of" in line and "(per_replica_norm)" in line]
+    assert sorted(line.split("]")[0] for line in said) == ["[worker-0", "[worker-1"], said
+
+
 def test_a_model_computed_in_bfloat16_is_judged_with_its_rounding_allowance(tmp_path):
     """Under mixed_bfloat16 two replicas round their half batches differently from one device
     (about 4e-5 after 5 steps here, beyond float32's tolerance): verify allows 8 roundoffs of

@@ -147,6 +147,11 @@ def _print_report(path: str, workers: int) -> int:
     if not same and report["lossy"]:
         print(f"  expected: the gradients are compressed with {report['lossy']}, which is lossy; "
               "verify without compression to check the rest")
+    if not same and report.get("per_replica_statistics"):
+        layers = report["per_replica_statistics"]
+        print(f"  expected: {len(layers)} BatchNormalization layer(s) ({', '.join(layers)}) "
+              "normalize each replica's share with its own statistics; "
+              "BatchNormalization(synchronized=True) makes them one device's")
     print("kdist verify: the same training as one device" if same else
           "kdist verify: DIFFERENT from one device")
     return exit_codes.OK if same else exit_codes.VERIFY_DIFFERS

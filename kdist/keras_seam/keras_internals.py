@@ -44,6 +44,11 @@ def strategy_of(model):
     return getattr(model, "_distribute_strategy", None)
 
 
+def all_layers(model) -> list:
+    """Every layer inside `model`, nested models' and custom layers' own layers included."""
+    return list(model._flatten_layers(include_self=False, recursive=True))
+
+
 def optimizer_strategy(optimizer):
     """The strategy a TensorFlow-backend optimizer was created under (None: no optimizer)."""
     return getattr(optimizer, "_distribution_strategy", None)

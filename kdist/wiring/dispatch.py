@@ -31,7 +31,7 @@ from kdist.keras_seam import hook_points, keras_internals, versions
 from kdist.ps import training as ps_training
 from kdist.steps import reading
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server, registry
-from kdist.wiring import agreement, verify
+from kdist.wiring import agreement, batch_statistics, verify
 
 logger = logging.getLogger("kdist")
 
@@ -57,6 +57,8 @@ def dispatch(name: str, original, arguments):
             _check_steps_per_execution(strategy, model.steps_per_execution)
         if strategy is not None and strategy.num_replicas_in_sync > 1:
             _warn_custom_step_unscaled(model, strategy.num_replicas_in_sync)
+            if not is_parameter_server(strategy):
+                batch_statistics.say_once(model, strategy.num_replicas_in_sync)
         state.fit_input = tuple(arguments.arguments.get(k) for k in FIT_INPUT)
         hook_points.adopt_stock_backups(arguments.arguments.get("callbacks"))
         added = []

@@ -32,8 +32,8 @@ from kdist import verify_plan
 from kdist.callbacks import BackupAndRestore as KdistBackup
 from kdist.keras_seam import keras_internals
 from kdist.strategies import is_parameter_server
-from kdist.wiring import comparison
 from kdist.validators import UsageError
+from kdist.wiring import batch_statistics, comparison
 
 logger = logging.getLogger("kdist")
 
@@ -233,6 +233,7 @@ class Replay(_Steps):
         report["bounds"] = {"policy": policy.name, "compute_dtype": policy.compute_dtype,
                             "per_move": max(shares, default=0.0)}
         report["replicas"] = self.plan.replicas
+        report["per_replica_statistics"] = batch_statistics.per_replica(self.model)
         report["lossy"] = self.records[0]["lossy"]
         report["steps"] = steps
         with open(os.path.join(self.plan.folder, verify_plan.REPORT), "w") as f:

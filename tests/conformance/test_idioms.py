@@ -155,6 +155,18 @@ def test_what_cannot_equal_one_device_still_trains(runs, idiom, mode):
     assert outcome["ok"] and outcome["history"]["loss"][-1] < outcome["history"]["loss"][0]
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_per_replica_batch_statistics_are_said_once_per_model(runs, mode):
+    """kdist says which BatchNormalization layers normalize each replica's share on its own (and
+    the switch), once per model; never for synchronized ones."""
+    for idiom, said in (("batchnorm", 1), ("batchnorm_synchronized", 0), ("dropout", 0)):
+        lines = [w for w in report(runs, mode)[idiom]["warnings"]
+                 if "BatchNormalization layer(s) of" in w]
+        assert len(lines) == said, (idiom, lines)
+        if said:
+            assert "synchronized=True" in lines[0] and "2 replicas" in lines[0], lines
+
+
 def _furthest(out, mode, idiom) -> float:
     expected, got = weights(out, "one_device", idiom), weights(out, mode, idiom)
     return max(float(np.abs(got[k] - expected[k]).max()) for k in expected.files)

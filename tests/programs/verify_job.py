@@ -8,7 +8,8 @@ fit) or "tfrecord" (one TFRecord file in RECORDS that the chief writes, read by 
 EXCHANGE picks the exchange path: the default (kdist's TCP ring), "collectives" (TensorFlow's),
 "buckets" (bucket_bytes), "aggregate" (aggregate_every=2) or "fp16" (a lossy compressor). POLICY
 sets Keras's global dtype policy (mixed_bfloat16: computed in bfloat16). OWN_LOSS=1 trains with a
-train_step of its own whose loss is a mean over the replica's batch (SGD). With
+train_step of its own whose loss is a mean over the replica's batch (SGD); BATCHNORM=1 adds a
+BatchNormalization layer (per-replica statistics). With
 PLANT=1 the first half of the Embedding's summed gradient slices is counted twice on every worker:
 wrong, yet every worker agrees (the replica check cannot see it; kdist verify must). Not the whole
 sum twice: Adam divides a gradient by its own scale, so that would train almost as one device.
@@ -79,6 +80,8 @@ class OwnLoss(keras.Model):
 with kdist.scope(**OPTIONS):
     ids = keras.Input((6,), dtype="int32", name="ids")
     pooled = keras.layers.GlobalAveragePooling1D()(Unused()(keras.layers.Embedding(40, 4)(ids)))
+    if os.environ.get("BATCHNORM"):
+        pooled = keras.layers.BatchNormalization(name="per_replica_norm")(pooled)
     if os.environ.get("OWN_LOSS"):
         model = OwnLoss({"ids": ids}, keras.layers.Dense(1)(pooled))
         model.compile(keras.optimizers.SGD(0.1))
