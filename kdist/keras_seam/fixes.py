@@ -626,7 +626,8 @@ def _take_rows_of_a_variable(original):
         ids = tf.convert_to_tensor(indices)
         if not ids.dtype.is_integer:
             return original(x, indices, axis=axis)
-        rows = tf.cast(tf.shape(table)[0], ids.dtype)
+        rows = table.shape[0] if table.shape[0] is not None else tf.shape(table)[0]
+        rows = tf.cast(rows, ids.dtype)  # the static size: a Shape would read the whole table
         return tf.gather(table, tf.where(ids < 0, ids + rows, ids))  # Keras's "fill" mode
 
     return take
@@ -639,6 +640,10 @@ def _uncast_variable(x):
 
     if isinstance(x, classes.resolve("Variable")):
         x = x.value  # a cast tensor under autocast, a tensor in a stateless scope
+    if isinstance(x, tf.distribute.DistributedValues) and \
+            tf.distribute.get_replica_context() is not None:
+        x = x._get_on_device_or_primary()  # a replica's step: its own copy (a MirroredVariable
+        # would be read whole, then gathered)
     return x if isinstance(x, tf.Variable) else None
 
 
