@@ -46,7 +46,9 @@ def train(out_path: str, distributed: bool, upstream: bool) -> None:
         from kdist.keras_seam import patches
 
         kdist.strategy()
-        if upstream:
+        if upstream:  # after kdist.callbacks, whose import (at fit) installs every patch again
+            import kdist.callbacks  # noqa: F401
+
             patches.patch("embedding_rows_read_from_the_variable").uninstall()
         workers = kdist.cluster().num_workers
     rng = np.random.default_rng(0)
