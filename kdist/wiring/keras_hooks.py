@@ -10,7 +10,7 @@ import dataclasses
 import logging
 
 from kdist import model_state as states
-from kdist.keras_seam import keras_internals, versions
+from kdist.keras_seam import keras_internals, patches, versions
 from kdist.keras_seam.hooks import Hooks
 from kdist.ps import sync
 from kdist.strategies import cluster_of, is_multi_worker, is_parameter_server
@@ -187,8 +187,6 @@ def _own_step_with_divided_losses(model) -> bool:
     (through kdist's fix `loss_value_per_replica`, Keras >= 3.8), so `kdist.wiring.own_losses`
     can tell a step whose loss it never divided."""
     import keras
-
-    from kdist.keras_seam import patches
 
     return type(model).train_step is not keras.Model.train_step and \
         patches.patch("loss_value_per_replica").active
