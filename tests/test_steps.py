@@ -107,3 +107,36 @@ def test_the_step_clock_stays_flat_over_a_long_run():
     assert grown < 64 << 10, grown  # 20,000 kept steps would take over 1 MB
     assert clock.median_step() is not None and clock.steps == WINDOW + 20_010
     assert set(clock.epoch_medians(skip=1)) == {"step"}
+
+
+class _Service:
+    """The coordination service's store as the watchdog meets it: no overwrite (a new value is a
+    delete, then an insert), and a writer that can stop between the two."""
+
+    def __init__(self):
+        self.keys, self.stop_after_delete = {}, False
+
+    def replace_job_key(self, key, value):
+        self.keys.pop(key, None)
+        if self.stop_after_delete:
+            raise SystemExit("stopped")  # the writer stops here: its key stays empty
+        self.keys[key] = value
+
+    def get_job_key(self, key, timeout_ms):
+        if key not in self.keys:
+            raise TimeoutError(f"{key} not found in {timeout_ms} ms")
+        return self.keys[key]
+
+
+def test_a_worker_stopped_inside_its_report_write_still_has_its_last_report_read():
+    """The CI failure of 21fabaf: worker 1 stopped between the delete and the insert of its
+    report, and worker 0's hang report said it was never heard of."""
+    service = _Service()
+    writer, reader = watchdog.CoordinationStore(service), watchdog.CoordinationStore(service)
+    assert reader.read("kdist/watch/worker:1") is None
+    for step in (50, 51):
+        writer.publish("kdist/watch/worker:1", f"17.0 step {step}: computing for 0 s")
+    service.stop_after_delete = True
+    with pytest.raises(SystemExit):
+        writer.publish("kdist/watch/worker:1", "19.0 step 52: waiting for its input for 0 s")
+    assert reader.read("kdist/watch/worker:1") == "17.0 step 51: computing for 0 s"

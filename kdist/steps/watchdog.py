@@ -38,6 +38,7 @@ PUBLISH_EVERY = 2.0  # a background thread's key-value write: nothing on the ste
 SILENT = 10.0  # seconds without a report that make a worker silent
 ACTIONS = ("report", "exit")
 _KEY = "kdist/watch/{task}"
+READ_MS = 1000  # a report's read waits this long for a slot (a busy service answers late)
 
 
 def settings(timeout=None, action=None) -> tuple[float | None, str]:
@@ -154,16 +155,37 @@ def _behind(seen: dict) -> list[str]:
 
 
 class CoordinationStore:
-    """The coordination service's key-value store (MultiWorkerMirrored), overwriting keys."""
+    """The coordination service's key-value store (MultiWorkerMirrored), keeping each key's
+    latest value.
+
+    The service cannot overwrite a key: a new value is a delete, then an insert. A worker stopped
+    between the two (SIGSTOP, a hung host) would leave its key empty just when the others look for
+    it, so each key has two slots written in turn, each value numbered: a reader takes the highest
+    number it finds, and a stop can empty only the slot being written."""
+
+    SLOTS = 2
+
+    def __init__(self, backend=tf_internals):
+        self.backend = backend  # replace_job_key and get_job_key, as in tf_internals
+        self.written = 0
 
     def publish(self, key: str, value: str) -> None:
+        self.written += 1
         try:
-            tf_internals.replace_job_key(key, value)
+            self.backend.replace_job_key(f"{key}/{self.written % self.SLOTS}",
+                                         f"{self.written} {value}")
         except Exception:  # noqa: BLE001 (a job shutting down: nothing to report to)
             pass
 
     def read(self, key: str) -> str | None:
+        found = [self._get(f"{key}/{slot}") for slot in range(self.SLOTS)]
+        numbered = [value.partition(" ") for value in found if value is not None]
+        if not numbered:
+            return None  # not published: the worker never got that far
+        return max(numbered, key=lambda parts: int(parts[0]))[2]
+
+    def _get(self, key: str) -> str | None:
         try:
-            return tf_internals.get_job_key(key, timeout_ms=2000)
-        except Exception:  # noqa: BLE001 (not published: the worker never got that far)
+            return self.backend.get_job_key(key, timeout_ms=READ_MS)
+        except Exception:  # noqa: BLE001 (not there: never written, or its writer stopped)
             return None
