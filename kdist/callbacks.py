@@ -36,7 +36,7 @@ from kdist.ps.coordinator import join_scheduled
 from kdist.strategies import is_parameter_server
 from kdist.validators import UsageError
 
-patches.install()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
+patches.ensure()  # the stock callbacks' multi-worker fix (it acts only under such strategies)
 
 EXIT_PREEMPTED = exit_codes.PREEMPTED
 ModelCheckpoint = keras.callbacks.ModelCheckpoint

@@ -78,7 +78,7 @@ def _build_or_reuse(requested: str, options: dict):
             raise RuntimeError(_rebuild_refused(options, spec))
         state.building = True  # TF's first op may run in here: no second strategy
         try:
-            patches.install()
+            patches.ensure()
             built[key] = strategies.build(name, spec, opts)
             seed = inputs.seed_unseeded_shuffles() if name == "multi_worker" else None
         finally:

@@ -205,6 +205,7 @@ def test_every_replaced_keras_or_tf_attribute_is_a_registered_patch(tmp_path):
 
     keras_seam.uninstall()
     shipped = snapshot()
+    keras_seam.install()  # taken out above: kdist.scope() installs no withdrawn patch again
     with kdist.scope(compression="fp16", aggregate_every=2):
         model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8),
                                   kdist.layers.ModelParallelDense(2, devices=["/cpu:0"] * 2)])
@@ -255,6 +256,27 @@ def test_patches_compose_in_registry_order_whatever_the_install_order():
         assert trainer._maybe_symbolic_build is shipped
     finally:
         keras_seam.install()
+
+
+def test_a_withdrawn_patch_stays_out_until_installed_by_name(tmp_path):
+    """A patch a program uninstalled (to run upstream Keras, as the regression tests and the
+    benchmarks' 'fix removed' rows do) is not installed again by kdist.scope() or by the import
+    of kdist.callbacks at fit; `install()` brings it back."""
+    import importlib.util
+
+    fix = keras_seam.patch("model_files_written_whole")
+    fix.uninstall()
+    try:
+        with kdist.scope(strategy="default", aggregate_every=3):  # a strategy not built yet
+            model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+            model.compile("sgd", "mse")
+        spec = importlib.util.find_spec("kdist.callbacks")  # its import, run again aside
+        spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        model.fit(np.ones((4, 2)), np.ones((4, 1)), verbose=0)
+        assert not fix.active and fix.name not in keras_seam.ensure()
+    finally:
+        keras_seam.install()
+    assert fix.active
 
 
 def test_uninstall_restores_keras_exactly():

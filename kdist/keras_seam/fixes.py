@@ -2,7 +2,7 @@
 the reason (`Patch(kind=FIX)`), and shown to exist upstream by a regression test.
 
 >>> from kdist.keras_seam import patches
->>> active = patches.install()          # what kdist.scope() does
+>>> active = patches.ensure()           # what kdist.scope() does
 >>> "scalar_metric_reduce" in active
 True
 """

@@ -13,13 +13,21 @@ PATCHES = ranked(FIXES + HOOKS)  # fixes compose innermost, in this order
 
 
 def install() -> list[str]:
-    """Installs every fix that targets the running Keras/TF and every hook; returns the active
-    names."""
+    """Installs every fix that targets the running Keras/TF and every hook, those uninstalled
+    before included; returns the active names."""
     return install_all(PATCHES)
 
 
+def ensure() -> list[str]:
+    """What kdist does where it needs its patches (`kdist.scope()`, `kdist.callbacks`): installs
+    those never uninstalled, so that a patch a program or a test took out stays out; returns the
+    active names."""
+    return install_all(PATCHES, withdrawn_too=False)
+
+
 def uninstall() -> None:
-    """Restores Keras exactly as it was before `install()`."""
+    """Restores Keras exactly as it was before `install()`; `ensure()` installs none of them
+    again, `install()` does."""
     for patch in reversed(PATCHES):
         patch.uninstall()
 

@@ -61,6 +61,7 @@ class Patch:
     around_hooks: bool = False  # a fix composed outside the hooks on a shared target
     rank: int = 0  # position in the registry: the composition order on a shared target
     active: bool = False
+    withdrawn: bool = False  # uninstalled on purpose: kdist does not install it again by itself
 
     @property
     def layer(self) -> int:
@@ -96,12 +97,16 @@ class Patch:
                 and versions.in_range(tf_version, self.tf_versions))
 
     def install(self) -> None:
+        self.withdrawn = False
         if not self.active:
             for target, make in self.wraps.items():
                 _point(target).add(self, make)
             self.active = True
 
     def uninstall(self) -> None:
+        """Removes it until `install()` is called for it again (`kdist.scope()` and kdist's
+        modules install only what was never withdrawn)."""
+        self.withdrawn = True
         if self.active:
             for target in self.wraps:
                 _point(target).remove(self)
@@ -159,14 +164,15 @@ def ranked(patches: list[Patch]) -> list[Patch]:
     return patches
 
 
-def install_all(patches: list[Patch]) -> list[str]:
-    """Installs every patch that targets the running Keras/TF; returns the active names."""
+def install_all(patches: list[Patch], withdrawn_too: bool = True) -> list[str]:
+    """Installs every patch that targets the running Keras/TF (leaving out those uninstalled on
+    purpose unless `withdrawn_too`); returns the active names."""
     import keras
     import tensorflow as tf
 
     versions.check_supported(keras.__version__, tf.__version__)
     for patch in patches:
-        if patch.active:
+        if patch.active or (patch.withdrawn and not withdrawn_too):
             continue
         if patch.applies(keras.__version__, tf.__version__):
             patch.install()

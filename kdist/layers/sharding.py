@@ -58,7 +58,7 @@ def add_shards(layer, name, full_shape, axis, initializer, regularizer, constrai
     import tensorflow as tf
 
     if devices:
-        patches.install()  # its slots_next_to_variables hook: slots on the shards' devices
+        patches.ensure()  # its slots_next_to_variables hook: slots on the shards' devices
     initializer = keras.initializers.get(initializer)
     with tf.init_scope():  # eager even when the layer is built while a model is being traced
         full = initializer(full_shape, dtype=layer.variable_dtype)
