@@ -24,13 +24,15 @@ def test_a_stopped_worker_is_reported_with_stacks_and_positions_then_exit_76(tmp
     assert result.returncode == 76, out[-4000:]
     assert re.search(r"\[worker-0\] kdist: no training step completed on worker:0 for \d+ s "
                      r"\(hang timeout 5 s, KDIST_HANG_TIMEOUT\)", out), out[-4000:]
+    where = "\n".join(line for line in out.splitlines() if "kdist" in line)[-4000:]
     assert "[worker-0] Thread 0x" in out and "(most recent call first):" in out  # the stacks
     # 32 + 20; worker 0's next batch is already there (in-memory arrays: kdist's shares need
     # no agreement on a next batch), so it waits for worker 1 in the gradients' sum
-    assert "[worker-0] kdist:   worker:0: step 52: in the gradient all-reduce" in out
+    assert "[worker-0] kdist:   worker:0: step 52: in the gradient all-reduce" in out, where
     # worker 1 stopped: its last report (from a background thread, every 2 s) is older
-    assert re.search(r"\[worker-0\] kdist:   worker:1: step \d+: .* \(reported \d+ s ago", out)
-    assert "[worker-0] kdist: behind: worker:1; the others wait for it" in out
+    assert re.search(r"\[worker-0\] kdist:   worker:1: step \d+: .* \(reported \d+ s ago", out), \
+        where
+    assert "[worker-0] kdist: behind: worker:1; the others wait for it" in out, where
     assert "first failure: worker-0 at" in out and "exit code 76: no step completed within the " \
         "hang timeout" in out
 
