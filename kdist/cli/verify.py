@@ -1,8 +1,9 @@
 """`kdist verify`: does this program train as one device does with the global batch?
 
 Runs the program's first `fit` for a few steps on a local cluster, recording every replica's
-batches (`kdist.wiring.verify`), replays the same global batches on one device from the same
-start, and prints the largest difference and the first variable that differs.
+batches and its state before and after each step (`kdist.wiring.verify`), replays each step's
+global batch on one device from the state the step started from, and prints the step that differs
+most, its largest difference and the first variable that differs.
 Exit code: 0 the same within the dtype's tolerance, 1 different, else the failing run's.
 """
 
@@ -130,17 +131,20 @@ def _print_report(path: str, workers: int) -> int:
         report = json.load(f)
     agree, one = report["workers_agree"], report["one_device"]
     print(f"kdist verify: {report['steps']} step(s) of the first fit on {workers} worker(s) "
-          f"({report['replicas']} replicas), {report['variables']} variables, against one device "
-          "with the same global batches from the same start")
-    print(f"  every worker holds the same variables: {_verdict(agree)}")
-    print(f"  against one device: {_verdict(one)}")
+          f"({report['replicas']} replicas), the model's {report['weights']} weights against one "
+          "device with the same global batches, each step from the distributed run's state before "
+          "it")
+    print(f"  every worker holds the same {report['variables']} variables (the optimizer's too): "
+          f"{_verdict(agree)}")
+    print(f"  against one device, at step {report['step']} (the furthest beyond its bound, or the "
+          f"closest to it): {_verdict(one)}")
     cause = _update_cause(one["first_differing"], report["replicas"])
     if cause:
         print(f"  {cause}")
     if report["bounds"]["per_move"]:
         bounds = report["bounds"]
         print(f"  allowed beside each dtype's tolerance: {bounds['per_move']:.3g} of each "
-              f"variable's largest move on one device, as the policy {bounds['policy']} computes"
+              f"variable's largest move in the step on one device, as the policy {bounds['policy']} computes"
               f" in {bounds['compute_dtype']}, which two replicas round differently from one "
               "device")
     same = agree["first_differing"] is None and one["first_differing"] is None

@@ -6,12 +6,21 @@ never replicas that agree on a wrong answer; this checks the promise itself on t
 ``KDIST_VERIFY=<folder>``; each run acts at its first `fit` only:
 
 1. **record** (distributed, every worker): each replica's batch of the first steps, as its
-   `train_step` receives it; the variables before the first step (every worker holds the same)
-   and after the last recorded one. Then the process ends: the rest of the program is not run.
+   `train_step` receives it; the state (the model's variables and the optimizer's) before the
+   first step and after each step (the chief: every worker holds the same), and each worker's
+   variables after the last recorded step. Then the process ends: the rest of the program is not
+   run.
 2. **replay** (one process, the default strategy): the same global batches (every replica's share,
-   in replica order) on one device from the same starting variables, for the same steps; then
-   every variable is compared with each worker's, with a tolerance fit for its dtype, and the
-   report is written for the command to print.
+   in replica order) on one device, each step from the state the distributed run had before it;
+   after each step the state is compared with the distributed run's, with a tolerance fit for
+   each dtype, and the report (the first step that differs, or the closest call) is written for
+   the command to print.
+
+Step by step, not the last step only: a model with ReLUs (any kink) is chaotic over steps, and
+two runs that part by a rounding error can part by a whole update a few steps on, when one
+activation lands on the other side of its kink (CI, 21fabaf: a small Conv2D on MNIST, 5.07e-05
+apart after 4 steps of SGD, about one example's share of an update, where the exact exchange is
+1e-7 apart at each step). From the same state, one step's roundoff stays roundoff.
 
 Both runs leave out `BackupAndRestore` (a backup would start one of them elsewhere) and the
 validation data (it changes no variable), each said on its own line.
@@ -28,7 +37,7 @@ import sys
 
 import numpy as np
 
-from kdist import verify_plan
+from kdist import replicas, verify_plan
 from kdist.callbacks import BackupAndRestore as KdistBackup
 from kdist.keras_seam import keras_internals
 from kdist.strategies import is_parameter_server
@@ -42,7 +51,8 @@ INITIAL = "initial.npz"
 
 def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict, options) -> list:
     """Changes this fit's `arguments` for `plan`'s phase (`spec`: the strategy's cluster, None for
-    one process; `options`: the model's TrainingOptions); returns the callbacks to add first."""
+    one process; `options`: the model's TrainingOptions), its own last callback added; returns the
+    callbacks to add first."""
     verify_plan.mark_done()
     if is_parameter_server(strategy):
         raise UsageError("kdist verify", "ParameterServerStrategy trains asynchronously, so no "
@@ -56,7 +66,9 @@ def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict, opti
     leads = spec is None or spec.is_chief  # every worker starts from the same variables
     steps = Recording(plan, task, leads, model, options.compression) \
         if plan.phase == "record" else Replay(plan, task, leads, model)
+    steps.strategy = strategy
     keras_internals.wrap_train_step(model, steps.wrap)
+    arguments["callbacks"] = [*(arguments.get("callbacks") or []), steps.last]
     if isinstance(steps, Replay):
         arguments.update(x=steps.dataset(), y=None, sample_weight=None, class_weight=None,
                          batch_size=None, epochs=1, initial_epoch=0, shuffle=False,
@@ -111,10 +123,14 @@ class _Steps:
         self.batches: dict[int, list] = {}  # replica id -> [each step's flat arrays]
         self.structure = None  # the nesting of a step's data, its leaves numbered
         self.done = False
+        # first of the fit's callbacks: a step's end is seen before the user's callbacks change
+        # a variable; last: a step's beginning after they did (a learning rate they set)
         self.callback = keras.callbacks.LambdaCallback(
             on_train_begin=lambda logs: self.begin(),
             on_train_batch_end=lambda batch, logs: self._batch_end(),
             on_train_end=lambda logs: self._end())
+        self.last = keras.callbacks.LambdaCallback(
+            on_train_batch_begin=lambda batch, logs: self.step_begin(self.taken()))
 
     def wrap(self, train_step):
         import functools
@@ -143,6 +159,8 @@ class _Steps:
         return min((len(steps) for steps in self.batches.values()), default=0)
 
     def _batch_end(self) -> None:
+        if not self.done:
+            self.step_end(self.taken())
         if not self.done and self.taken() >= self.plan.steps:
             self.model.stop_training = True
             self.done = True
@@ -155,6 +173,22 @@ class _Steps:
 
     def begin(self) -> None:
         raise NotImplementedError
+
+    def build_optimizer(self) -> None:
+        """The optimizer's state, before the first step: saved and assigned with the model's.
+        Keras builds it at the first step when the data's shapes are not known beforehand."""
+        import contextlib
+
+        optimizer = self.model.optimizer
+        if optimizer is not None and not optimizer.built and self.model.trainable_variables:
+            with self.strategy.scope() if self.strategy is not None else contextlib.nullcontext():
+                optimizer.build(self.model.trainable_variables)
+
+    def step_begin(self, taken: int) -> None:
+        """Before the steps that follow `taken` ones (one call per `steps_per_execution`)."""
+
+    def step_end(self, taken: int) -> None:
+        """After `taken` steps in all (a multiple of `steps_per_execution`, or the data's end)."""
 
     def reached(self, steps: int) -> None:
         raise NotImplementedError
@@ -169,15 +203,26 @@ class Recording(_Steps):
         self.lossy = None if compressor is None else repr(compressor)
 
     def begin(self) -> None:
-        if self.leads:
-            _save_variables(os.path.join(self.plan.folder, INITIAL), self.model)
+        self.build_optimizer()
+        self._save(INITIAL)
+
+    def step_begin(self, taken: int) -> None:
+        self._save(_state("before", taken))
+
+    def step_end(self, taken: int) -> None:
+        self._save(_state("after", taken))
+
+    def _save(self, name: str) -> None:
+        """The chief writes the state; every worker reads it (a metric's total is summed over
+        the workers as it is read)."""
+        _save_state(os.path.join(self.plan.folder, name), self.model, write=self.leads)
 
     def reached(self, steps: int) -> None:
         arrays = {f"s{s}_r{r}_l{k}": leaf for r, batches in self.batches.items()
                   for s, leaves in enumerate(batches[:steps]) for k, leaf in enumerate(leaves)}
         folder = self.plan.folder
         np.savez(os.path.join(folder, _file("batches", self.task, "npz")), **arrays)
-        _save_variables(os.path.join(folder, _file("final", self.task, "npz")), self.model)
+        _save_state(os.path.join(folder, _file("final", self.task, "npz")), self.model)
         with open(os.path.join(folder, _file("record", self.task, "json")), "w") as f:
             json.dump({"task": self.task, "replicas": sorted(self.batches), "steps": steps,
                        "structure": self.structure, "lossy": self.lossy}, f)
@@ -210,28 +255,60 @@ class Replay(_Steps):
         return flat.map(lambda *leaves: _packed(structure, list(leaves)))
 
     def begin(self) -> None:
-        values, described = _load_variables(os.path.join(self.plan.folder, INITIAL))
-        _check_same_model(self.model, described)
-        for variable, value in zip(self.model.variables, values):
+        self.build_optimizer()
+        described = _described(os.path.join(self.plan.folder, INITIAL))
+        _check_same_model(_state_variables(self.model), described)
+        self.start = self._assign(INITIAL)
+        self.compared: dict[int, dict] = {}  # steps taken -> that state's comparison
+
+    def step_begin(self, taken: int) -> None:
+        # from the distributed run's state: one step's roundoff, never carried on
+        self.start = self._assign(_state("before", taken))
+
+    def step_end(self, taken: int) -> None:
+        recorded, _ = _load_state(os.path.join(self.plan.folder, _state("after", taken)))
+        self.compared[taken] = self._compare({"recorded": recorded}, weights_only=True)
+
+    def _assign(self, name: str) -> list:
+        values, _ = _load_state(os.path.join(self.plan.folder, name))
+        for variable, value in zip(_state_variables(self.model), values):
             variable.assign(value)
+        return values
+
+    def _compare(self, runs: dict, weights_only: bool = False) -> dict:
+        """The state now (the model's weights only, or with the optimizer's variables) against
+        each of `runs` (name -> values of the whole state), allowed what the policy's roundoff
+        makes of each variable's move since `self.start`.
+
+        Against one device, the weights: an optimizer's state that went wrong shows in the
+        weights it updates at that same step, and its slots' moves are no scale for their
+        rounding (Adam's first moment moves by a tenth of the gradient's change)."""
+        variables = _state_variables(self.model)
+        weights = {id(v) for v in self.model.weights}
+        kept = [k for k, v in enumerate(variables) if not weights_only or id(v) in weights]
+        variables, start = [variables[k] for k in kept], [self.start[k] for k in kept]
+        runs = {name: [values[k] for k in kept] for name, values in runs.items()}
+        one_device = [np.asarray(v.numpy()) for v in variables]
+        policy = self.model.dtype_policy
+        shares = [comparison.per_move(v.dtype, policy.compute_dtype) for v in variables]
+        allowances = [comparison.allowance(value, begun, share)
+                      for value, begun, share in zip(one_device, start, shares)]
+        report = comparison.compare(one_device, runs, [v.path for v in variables],
+                                    [comparison.dtype_name(v.dtype) for v in variables],
+                                    allowances, start)
+        report["bounds"] = {"policy": policy.name, "compute_dtype": policy.compute_dtype,
+                            "per_move": max(shares, default=0.0)}
+        return report
 
     def reached(self, steps: int) -> None:
-        variables = self.model.variables
-        one_device = [np.asarray(v.numpy()) for v in variables]
         workers = {}
         for record in self.records:
             path = os.path.join(self.plan.folder, _file("final", record["task"], "npz"))
-            workers[record["task"]], _ = _load_variables(path)
-        policy = self.model.dtype_policy
-        shares = [comparison.per_move(v.dtype, policy.compute_dtype) for v in variables]
-        initial, _ = _load_variables(os.path.join(self.plan.folder, INITIAL))
-        allowances = [comparison.allowance(value, start, share)
-                      for value, start, share in zip(one_device, initial, shares)]
-        report = comparison.compare(one_device, workers, [v.path for v in variables],
-                                    [comparison.dtype_name(v.dtype) for v in variables],
-                                    allowances, initial)
-        report["bounds"] = {"policy": policy.name, "compute_dtype": policy.compute_dtype,
-                            "per_move": max(shares, default=0.0)}
+            workers[record["task"]], _ = _load_state(path)
+        report = self._compare(workers)  # the workers against each other
+        step, closest = comparison.worst_step(self.compared)
+        report["one_device"], report["step"] = closest["one_device"], step
+        report["weights"] = closest["variables"]
         report["replicas"] = self.plan.replicas
         report["per_replica_statistics"] = batch_statistics.per_replica(self.model)
         report["lossy"] = self.records[0]["lossy"]
@@ -240,12 +317,18 @@ class Replay(_Steps):
             json.dump(report, f, indent=1)
 
 
-def _check_same_model(model, described: list) -> None:
-    mine = [[v.path, str(v.dtype)] for v in model.variables]
+def _check_same_model(variables: list, described: list) -> None:
+    mine = [[v.path, str(v.dtype)] for v in variables]
     if len(mine) != len(described) or any(a[1] != b[1] for a, b in zip(mine, described)):
         raise UsageError("kdist verify", f"the one-device run built {len(mine)} variables, the "
-                         f"distributed run {len(described)} (or other dtypes)", "build the same "
-                         "model whatever the number of workers (no size read from TF_CONFIG)")
+                         f"distributed run {len(described)} (or other dtypes), the model's and "
+                         "its optimizer's", "build the same model and optimizer whatever the "
+                         "number of workers (no size read from TF_CONFIG)")
+
+
+def _state(when: str, taken: int) -> str:
+    """The chief's state file "before" or "after" the step (or execution) at `taken` steps."""
+    return f"{when}-{taken}.npz"
 
 
 def _records(folder: str) -> list:
@@ -300,14 +383,30 @@ def _packed(structure, leaves: list):
     return None if structure is None else leaves[structure]
 
 
-def _save_variables(path: str, model) -> None:
-    np.savez(path, **{f"v{k}": np.asarray(v.numpy()) for k, v in enumerate(model.variables)})
+def _state_variables(model) -> list:
+    """What a step reads and changes that every replica holds alike: the model's weights, then
+    its optimizer's variables (slots, iterations, a loss scale), as the replica check compares
+    them. Per-replica state (metric totals, accumulators, compressor residuals) is each run's
+    own: the one-device run keeps its own."""
+    return replicas.checked_variables(model)
+
+
+def _save_state(path: str, model, write: bool = True) -> None:
+    variables = _state_variables(model)
+    values = [np.asarray(v.numpy()) for v in variables]
+    if not write:
+        return
+    np.savez(path, **{f"v{k}": value for k, value in enumerate(values)})
     with open(path + ".json", "w") as f:
-        json.dump([[v.path, str(v.dtype)] for v in model.variables], f)
+        json.dump([[v.path, str(v.dtype)] for v in variables], f)
 
 
-def _load_variables(path: str) -> tuple[list, list]:
+def _described(path: str) -> list:
+    with open(path + ".json") as f:
+        return json.load(f)
+
+
+def _load_state(path: str) -> tuple[list, list]:
     with np.load(path) as arrays:
         values = [arrays[f"v{k}"] for k in range(len(arrays.files))]
-    with open(path + ".json") as f:
-        return values, json.load(f)
+    return values, _described(path)
