@@ -158,8 +158,11 @@ def test_a_program_without_fit_and_a_bad_flag_are_refused_with_the_fix(tmp_path)
 
 
 def test_a_one_device_run_past_its_timeout_shows_where_it_waits(tmp_path):
-    """The one-device run is asked for its threads' stacks before it is killed at --timeout."""
-    result = run_kdist(["verify", "--workers", "2", "--timeout", "15", "--keep", str(tmp_path),
+    """The one-device run is asked for its threads' stacks before it is killed at --timeout.
+    Written `--timeout=45`, the timeout is not scaled by the machine's load as run_kdist scales
+    `--timeout N` (CI: 145 s of waiting for a stall that never ends); 45 s leave a loaded machine
+    the time to import TensorFlow and reach the stall."""
+    result = run_kdist(["verify", "--workers", "2", "--timeout=45", "--keep", str(tmp_path),
                         "--", *PROGRAM], timeout=240, env={"STALL_ALONE": "1"})
     assert result.returncode == 124, result.stdout[-4000:] + result.stderr[-3000:]
     assert "the one-device run took more than" in result.stderr  # run_kdist may lengthen it
