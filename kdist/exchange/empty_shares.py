@@ -18,6 +18,7 @@ import functools
 import inspect
 
 from kdist.exchange import weights
+from kdist.keras_seam import keras_internals
 
 
 def skipping_loss(compute_loss):
@@ -63,7 +64,7 @@ def _no_loss(y_pred):
 
 def skipping_metrics(compute_metrics):
     """`compute_metrics`, reading the model's metrics without updating them on an empty share."""
-    model = inspect.unwrap(compute_metrics).__self__
+    model = keras_internals.model_of(compute_metrics)
 
     @functools.wraps(compute_metrics)
     def guarded(*args, **kwargs):

@@ -16,6 +16,7 @@ exchange) beside the object, in `attach`/`attached`, never in an attribute of it
 from __future__ import annotations
 
 import contextlib
+import inspect
 import weakref
 
 from kdist.keras_seam import versions
@@ -106,6 +107,11 @@ def wrap_method(model, name: str, make) -> None:
         wrapped = make(method)
         wrapped._kdist_wrappers = (*applied, make)
         object.__setattr__(model, name, wrapped)  # not tracked by Keras
+
+
+def model_of(method):
+    """The model a method `wrap_method` handed to a `make` is bound to, under kdist's wrappers."""
+    return inspect.unwrap(method).__self__
 
 
 # ------------------------------------------------------------------ optimizers

@@ -13,11 +13,11 @@ per model, at the first step's trace, naming the `train_step` and the fix.
 from __future__ import annotations
 
 import functools
-import inspect
 import logging
 import threading
 
 from kdist import model_state as states
+from kdist.keras_seam import keras_internals
 
 logger = logging.getLogger("kdist")
 _local = threading.local()
@@ -25,7 +25,7 @@ _local = threading.local()
 
 def watching(train_step):
     """Wraps a model's own `train_step` so that its trace records whether Keras divided a loss."""
-    model = inspect.unwrap(train_step).__self__
+    model = keras_internals.model_of(train_step)
 
     @functools.wraps(train_step)
     def step(data):
