@@ -201,6 +201,7 @@ class Recording(_Steps):
     def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model, compressor):
         super().__init__(plan, task, leads, model)
         self.lossy = None if compressor is None else repr(compressor)
+        self.written = None  # (digest, path) of the state written last
 
     def begin(self) -> None:
         self.build_optimizer()
@@ -213,9 +214,11 @@ class Recording(_Steps):
         self._save(_state("after", taken))
 
     def _save(self, name: str) -> None:
-        """The chief writes the state; every worker reads it (a metric's total is summed over
-        the workers as it is read)."""
-        _save_state(os.path.join(self.plan.folder, name), self.model, write=self.leads)
+        """The chief writes the state. The state before a step is most often the one after the
+        step before (no callback changed it): that file is linked, not written again."""
+        if self.leads:
+            self.written = _save_state(os.path.join(self.plan.folder, name), self.model,
+                                       self.written)
 
     def reached(self, steps: int) -> None:
         arrays = {f"s{s}_r{r}_l{k}": leaf for r, batches in self.batches.items()
@@ -391,14 +394,28 @@ def _state_variables(model) -> list:
     return replicas.checked_variables(model)
 
 
-def _save_state(path: str, model, write: bool = True) -> None:
+def _save_state(path: str, model, last: tuple | None = None) -> tuple:
+    """Writes the model's state to `path` (npz, and its description beside), or links the file
+    of `last` (digest, path) when the state is the same; returns (digest, path) of this one."""
+    import hashlib
+    import shutil
+
     variables = _state_variables(model)
     values = [np.asarray(v.numpy()) for v in variables]
-    if not write:
-        return
+    digest = hashlib.sha256()
+    for value in values:
+        digest.update(np.ascontiguousarray(value).tobytes())
+    if last is not None and last[0] == digest.hexdigest():
+        for suffix in ("", ".json"):
+            try:
+                os.link(last[1] + suffix, path + suffix)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(last[1] + suffix, path + suffix)
+        return digest.hexdigest(), path
     np.savez(path, **{f"v{k}": value for k, value in enumerate(values)})
     with open(path + ".json", "w") as f:
         json.dump([[v.path, str(v.dtype)] for v in variables], f)
+    return digest.hexdigest(), path
 
 
 def _described(path: str) -> list:
