@@ -17,10 +17,7 @@ rounds. Saves benchmarks/results/batchnorm.{json,md}.
 import argparse
 import json
 import os
-import statistics
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
@@ -55,20 +52,9 @@ def train(out_path: str, synchronized: bool) -> None:
             layers.Activation("relu"), layers.GlobalAveragePooling2D(), layers.Dense(10)])
         model.compile(keras.optimizers.Adam(1e-3),
                       keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    steps, began = [], []
-    timer = keras.callbacks.LambdaCallback(
-        on_train_batch_begin=lambda *_, **__: began.append(time.perf_counter()),
-        on_train_batch_end=lambda *_, **__: steps.append(time.perf_counter() - began[-1]))
-    start = time.perf_counter()
-    history = model.fit(images, labels, batch_size=PER_WORKER_BATCH * 2, epochs=EPOCHS,
-                        shuffle=False, verbose=0, callbacks=[timer])
-    fit_s = time.perf_counter() - start
-    per_epoch = len(steps) // EPOCHS
-    report = {"fit_s": fit_s, "warm_step_ms": 1000 * statistics.median(steps[per_epoch:]),
-              "last_loss": history.history["loss"][-1]}
-    index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
-    with open(f"{out_path}.{index}", "w") as f:
-        json.dump(report, f)
+    report, history = measure.timed_fit(model, images, labels, EPOCHS,
+                                        batch_size=PER_WORKER_BATCH * 2, shuffle=False)
+    measure.write_task_report(out_path, {**report, "last_loss": history.history["loss"][-1]})
 
 
 def run(contender: str, folder: str) -> dict:
@@ -90,13 +76,7 @@ def main():
     args = parser.parse_args()
     if args.train:
         return train(args.train, args.synchronized)
-    runs = {contender: [] for contender in CONTENDERS}
-    with tempfile.TemporaryDirectory() as folder:
-        for _ in range(args.rounds):
-            for contender in CONTENDERS:
-                runs[contender].append(run(contender, folder))
-    medians = {c: {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-               for c, rounds in runs.items()}
+    runs, medians = measure.in_rounds(CONTENDERS, args.rounds, run)
     base = medians[CONTENDERS[0]]
     lines = [f"CNN with 2 BatchNormalization layers on {ROWS:,} MNIST digits, Adam, {EPOCHS} "
              f"epochs, global batch {2 * PER_WORKER_BATCH} on 2 workers (one core each); "

@@ -1,4 +1,5 @@
-"""Shared by the benchmarks: time the warm steps of a fit, and read network interface counters."""
+"""Shared by the benchmarks: time a fit and its warm steps, run contenders in rounds, and read
+network interface counters."""
 
 import json
 import os
@@ -48,6 +49,45 @@ def local_job(command: list, workers: int, out_path: str, name: str, env=None,
         sys.exit(f"{name} on {workers} worker(s) failed ({code})")
     with open(out_path) as f:
         return json.load(f)
+
+
+def timed_fit(model, x, y, epochs: int, **fit_arguments) -> tuple[dict, object]:
+    """`model.fit(x, y, epochs=epochs, ...)` timed: ({"fit_s": the whole fit, "warm_step_ms": the
+    median step after the first epoch}, its History)."""
+    import keras
+
+    steps, began = [], []
+    timer = keras.callbacks.LambdaCallback(
+        on_train_batch_begin=lambda *_, **__: began.append(time.perf_counter()),
+        on_train_batch_end=lambda *_, **__: steps.append(time.perf_counter() - began[-1]))
+    start = time.perf_counter()
+    history = model.fit(x, y, epochs=epochs, verbose=0,
+                        callbacks=[*fit_arguments.pop("callbacks", []), timer], **fit_arguments)
+    fit_s = time.perf_counter() - start
+    warm = steps[len(steps) // epochs:]
+    return {"fit_s": fit_s, "warm_step_ms": 1000 * statistics.median(warm)}, history
+
+
+def write_task_report(out_path: str, report: dict) -> None:
+    """Writes this task's `report` to OUT_PATH.INDEX (its TF_CONFIG index; 0 alone)."""
+    index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
+    with open(f"{out_path}.{index}", "w") as f:
+        json.dump(report, f)
+
+
+def in_rounds(contenders, rounds: int, run) -> tuple[dict, dict]:
+    """`run(contender, folder)` for each contender in turn, `rounds` times (a temporary folder):
+    (every run's dict by contender, the medians of each of its keys)."""
+    import tempfile
+
+    runs = {contender: [] for contender in contenders}
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(rounds):
+            for contender in contenders:
+                runs[contender].append(run(contender, folder))
+    medians = {c: {k: statistics.median(r[k] for r in done) for k in done[0]}
+               for c, done in runs.items()}
+    return runs, medians
 
 
 def warm_step_times(model, global_batch: int, steps: int, callbacks=()) -> list[float]:

@@ -16,11 +16,8 @@ import contextlib
 import json
 import os
 import resource
-import statistics
 import subprocess
 import sys
-import tempfile
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import measure  # noqa: E402
@@ -59,21 +56,11 @@ def train(out_path: str, distributed: bool, upstream: bool) -> None:
             keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(256, activation="relu"),
             keras.layers.Dense(64, activation="relu"), keras.layers.Dense(1)])
         model.compile(keras.optimizers.SGD(0.05), "mse")
-    steps, began = [], []
-    timer = keras.callbacks.LambdaCallback(
-        on_train_batch_begin=lambda *_, **__: began.append(time.perf_counter()),
-        on_train_batch_end=lambda *_, **__: steps.append(time.perf_counter() - began[-1]))
-    start = time.perf_counter()
-    model.fit(ids, labels, batch_size=PER_WORKER_BATCH * 2, epochs=EPOCHS, shuffle=False,
-              verbose=0, callbacks=[timer])
-    fit_s = time.perf_counter() - start
-    per_epoch = len(steps) // EPOCHS
-    report = {"fit_s": fit_s, "warm_step_ms": 1000 * statistics.median(steps[per_epoch:]),
-              "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-              "workers": workers}
-    index = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
-    with open(f"{out_path}.{index}", "w") as f:
-        json.dump(report, f)
+    report, _ = measure.timed_fit(model, ids, labels, EPOCHS, batch_size=PER_WORKER_BATCH * 2,
+                                  shuffle=False)
+    measure.write_task_report(out_path, {
+        **report, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        "workers": workers})
 
 
 def run(contender: str, folder: str) -> dict:
@@ -100,13 +87,7 @@ def main():
     args = parser.parse_args()
     if args.train:
         return train(args.train, args.distributed, args.upstream)
-    runs = {contender: [] for contender in CONTENDERS}
-    with tempfile.TemporaryDirectory() as folder:
-        for _ in range(args.rounds):
-            for contender in CONTENDERS:
-                runs[contender].append(run(contender, folder))
-    medians = {c: {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
-               for c, rounds in runs.items()}
+    runs, medians = measure.in_rounds(CONTENDERS, args.rounds, run)
     one = medians["Keras 3, one process"]
     lines = [f"Recommender (Embedding {TABLE:,} x {WIDTH}, {IDS} ids per example, Dense "
              f"256-64-1, SGD), {ROWS:,} examples, {EPOCHS} epochs, global batch "
