@@ -144,9 +144,9 @@ def _print_report(path: str, workers: int) -> int:
     if report["bounds"]["per_move"]:
         bounds = report["bounds"]
         print(f"  allowed beside each dtype's tolerance: {bounds['per_move']:.3g} of each "
-              f"variable's largest move in the step on one device, as the policy {bounds['policy']} computes"
-              f" in {bounds['compute_dtype']}, which two replicas round differently from one "
-              "device")
+              "variable's largest move in the step on one device, as the policy "
+              f"{bounds['policy']} computes in {bounds['compute_dtype']}, which two replicas "
+              "round differently from one device")
     same = agree["first_differing"] is None and one["first_differing"] is None
     if not same and report["lossy"]:
         print(f"  expected: the gradients are compressed with {report['lossy']}, which is lossy; "

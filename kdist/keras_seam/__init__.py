@@ -12,8 +12,8 @@
 The registry's list is `patches.PATCHES`: `patches.install()` is idempotent; `patches.uninstall()`
 restores Keras exactly, and each patch can be removed alone (the regression tests show each bug
 upstream that way). Where kdist needs them (`kdist.scope()`, `import kdist.callbacks`) it calls
-`patches.ensure()`, which leaves out what was uninstalled: a patch taken out stays out. This package's `__init__` imports nothing, so
-that importing one of its modules never imports the others.
+`patches.ensure()`, which leaves out what was uninstalled: a patch taken out stays out. This
+package's `__init__` imports nothing, so that importing one of its modules never imports the others.
 
 >>> from kdist.keras_seam import patches
 >>> sorted(patches.install())[:2]

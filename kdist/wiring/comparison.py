@@ -2,7 +2,7 @@
 fit for each dtype (`kdist verify`, `kdist.wiring.verify`), and an allowance for a model that
 computes in a less precise dtype than its variables (a `mixed_bfloat16` policy).
 
->>> differs(np.float32(1.0), np.float32(1.0 + 1e-6), "float32")
+>>> bool(excess(np.float32(1.0 + 1e-6), np.float32(1.0), "float32") > 1)
 False
 >>> compare([np.zeros(2)], {"worker:0": [np.array([0.0, 0.5])]}, ["w"], ["float32"])[
 ...     "one_device"]["first_differing"]["index"]
@@ -56,12 +56,16 @@ def allowance(one_device, initial, share: float) -> float:
     return share * float(moved.max()) if moved.size else 0.0
 
 
-def differs(distributed, reference, dtype: str, allowed: float = 0.0) -> bool:
-    """Whether an element of `distributed` is further from `reference` than `dtype` allows
-    (plus `allowed`, an `allowance`)."""
-    tolerance = TOLERANCE.get(dtype, 0.0)
-    return bool(np.any(np.abs(np.asarray(distributed, "float64") - reference)
-                       > tolerance * (1 + np.abs(np.asarray(reference, "float64"))) + allowed))
+def excess(distributed, reference, dtype: str, allowed: float = 0.0) -> float:
+    """The largest difference of an element of `distributed` from `reference`, as a multiple of
+    what `dtype` allows there (plus `allowed`, an `allowance`): over 1, it differs."""
+    reference = np.asarray(reference, "float64")
+    gap = np.abs(np.asarray(distributed, "float64") - reference)
+    if not gap.size:
+        return 0.0
+    bound = TOLERANCE.get(dtype, 0.0) * (1 + np.abs(reference)) + allowed
+    return float(np.max(np.divide(gap, bound, out=np.where(gap > 0, np.inf, 0.0),
+                                  where=bound > 0)))
 
 
 def update_ratio(distributed, one_device, initial) -> float | None:
@@ -115,21 +119,21 @@ def _difference(runs: list, reference: list, paths: list, dtypes: list, allowanc
     order) further from it than its dtype (and its allowance) allows, and the `excess`: the
     largest difference of an element as a multiple of what it is allowed (over 1: differs)."""
     largest = {"difference": 0.0, "variable": None}
-    first, excess = None, 0.0
+    first, worst = None, 0.0
     for k, (path, dtype, allowed) in enumerate(zip(paths, dtypes, allowances)):
         expected = np.asarray(reference[k], "float64")
-        bound = TOLERANCE.get(dtype, 0.0) * (1 + np.abs(expected)) + allowed
         for run in runs:
             gap = np.abs(np.asarray(run[k], "float64") - expected)
-            if gap.size:
-                excess = max(excess, float(np.max(np.divide(
-                    gap, bound, out=np.where(gap > 0, np.inf, 0.0), where=bound > 0))))
-            if gap.size and gap.max() > largest["difference"]:
+            if not gap.size:
+                continue
+            beyond = excess(run[k], expected, dtype, allowed)
+            worst = max(worst, beyond)
+            if gap.max() > largest["difference"]:
                 largest = {"difference": float(gap.max()), "variable": path}
-            if first is None and differs(run[k], expected, dtype, allowed):
+            if first is None and beyond > 1:
                 where = np.unravel_index(int(np.argmax(gap)), gap.shape) if gap.ndim else ()
                 first = {"variable": path, "index": [int(i) for i in where], "dtype": dtype,
                          "value": float(np.asarray(run[k], "float64")[where]),
                          "expected": float(expected[where]),
                          "tolerance": TOLERANCE.get(dtype, 0.0), "allowance": allowed}
-    return {"largest": largest, "first_differing": first, "excess": excess}
+    return {"largest": largest, "first_differing": first, "excess": worst}

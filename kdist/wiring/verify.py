@@ -12,9 +12,9 @@ never replicas that agree on a wrong answer; this checks the promise itself on t
    run.
 2. **replay** (one process, the default strategy): the same global batches (every replica's share,
    in replica order) on one device, each step from the state the distributed run had before it;
-   after each step the state is compared with the distributed run's, with a tolerance fit for
-   each dtype, and the report (the first step that differs, or the closest call) is written for
-   the command to print.
+   after each step the weights are compared with the distributed run's, with a tolerance fit for
+   each dtype, and the report (the step furthest beyond its bound, or closest to it) is written
+   for the command to print.
 
 Step by step, not the last step only: a model with ReLUs (any kink) is chaotic over steps, and
 two runs that part by a rounding error can part by a whole update a few steps on, when one
@@ -64,9 +64,8 @@ def prepare(plan: verify_plan.Plan, model, strategy, spec, arguments: dict, opti
     task = _task(spec)
     _leave_out(arguments, task)
     leads = spec is None or spec.is_chief  # every worker starts from the same variables
-    steps = Recording(plan, task, leads, model, options.compression) \
-        if plan.phase == "record" else Replay(plan, task, leads, model)
-    steps.strategy = strategy
+    steps = Recording(plan, task, leads, model, strategy, options.compression) \
+        if plan.phase == "record" else Replay(plan, task, leads, model, strategy)
     keras_internals.wrap_train_step(model, steps.wrap)
     arguments["callbacks"] = [*(arguments.get("callbacks") or []), steps.last]
     if isinstance(steps, Replay):
@@ -116,10 +115,11 @@ class _Steps:
     replica's batch to `keep`; once each replica took the steps, the fit stops and `reached`
     runs (at the fit's end if the data ends first)."""
 
-    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model):
+    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model, strategy):
         import keras
 
         self.plan, self.task, self.leads, self.model = plan, task, leads, model
+        self.strategy = strategy  # the fit's, where the optimizer's state is built
         self.batches: dict[int, list] = {}  # replica id -> [each step's flat arrays]
         self.structure = None  # the nesting of a step's data, its leaves numbered
         self.done = False
@@ -198,8 +198,9 @@ class Recording(_Steps):
     """The distributed run: this worker's batches, and the variables before and after; and the
     gradients' compressor, if any (lossy: the report says a difference is expected)."""
 
-    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model, compressor):
-        super().__init__(plan, task, leads, model)
+    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model, strategy,
+                 compressor):
+        super().__init__(plan, task, leads, model, strategy)
         self.lossy = None if compressor is None else repr(compressor)
         self.written = None  # (digest, path) of the state written last
 
@@ -235,8 +236,8 @@ class Replay(_Steps):
     """The one-device run: every recorded global batch, from the recorded start; at the end, the
     comparison with every worker (`report.json`)."""
 
-    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model):
-        super().__init__(plan, task, leads, model)
+    def __init__(self, plan: verify_plan.Plan, task: str, leads: bool, model, strategy):
+        super().__init__(plan, task, leads, model, strategy)
         self.records = _records(plan.folder)
         self.steps = min(record["steps"] for record in self.records)
         if self.steps == 0:
@@ -261,7 +262,7 @@ class Replay(_Steps):
         self.build_optimizer()
         described = _described(os.path.join(self.plan.folder, INITIAL))
         _check_same_model(_state_variables(self.model), described)
-        self.start = self._assign(INITIAL)
+        self.start: list = []  # the state the step started from (step_begin assigns it)
         self.compared: dict[int, dict] = {}  # steps taken -> that state's comparison
 
     def step_begin(self, taken: int) -> None:
