@@ -122,6 +122,7 @@ OWNERS = {
     "BatchNormalization": _public("layers.BatchNormalization"),
     "loss module": lambda: importlib.import_module("keras.src.losses.loss"),
     "backend numpy module": _backend_numpy,
+    "random module": lambda: importlib.import_module("keras.src.backend").random,
     "utils module": _public("utils"),
     "ParameterServerStrategy": lambda: importlib.import_module(
         "tensorflow").distribute.experimental.ParameterServerStrategy,

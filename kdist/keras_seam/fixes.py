@@ -813,6 +813,15 @@ FIXES = [
           upstream="keras-team/keras#20164",
           why="a model that is only a train_step over sub-models (keras.io's GAN) cannot be "
               "built under a strategy, and an optimizer first used inside the step fails"),
+    Patch("random_draws_as_one_device", FIX,
+          {**{Target("random module", name): one_device_fixes._rows_of_one_device
+              for name in ("normal", "uniform", "truncated_normal", "randint", "binomial",
+                           "gamma", "beta")},
+           Target("random module", "dropout"): one_device_fixes._dropout_rows_of_one_device},
+          upstream="none filed (keras-team/keras#20611 made the SeedGenerator's state the same "
+                   "on every replica); see kdist/keras_seam/one_device_fixes.py",
+          why="every replica draws the same dropout masks and noise for its share of the batch, "
+              "where one device draws different numbers for every row of the global batch"),
     Patch("keras2_names", FIX,
           {Target("utils module", "experimental"): one_device_fixes._keras2_names},
           upstream="none: Keras 3 dropped tf.keras's keras.utils.experimental",

@@ -69,6 +69,13 @@ class Hooks:
         known (Keras's own cond then cannot run)."""
         return None
 
+    def draw_offset(self, first_dimension):
+        """A random draw in one replica's step of several has `first_dimension` (an int or a
+        scalar tensor) first: the row (a scalar tensor) where this replica's rows start in the
+        draw one device makes for the global batch, when that dimension is the replica's share
+        of the batch; None (Keras): every replica draws the same numbers."""
+        return None
+
     def slot_device(self, optimizer, reference_variable) -> str | None:
         """The device a new optimizer slot of `reference_variable` goes to (None: Keras's)."""
         return None

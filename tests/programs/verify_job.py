@@ -82,6 +82,8 @@ with kdist.scope(**OPTIONS):
     pooled = keras.layers.GlobalAveragePooling1D()(Unused()(keras.layers.Embedding(40, 4)(ids)))
     if os.environ.get("BATCHNORM"):
         pooled = keras.layers.BatchNormalization(name="per_replica_norm")(pooled)
+    if os.environ.get("DROPOUT"):  # each replica draws its rows of one device's masks
+        pooled = keras.layers.Dropout(0.4, seed=3)(pooled)
     if os.environ.get("OWN_LOSS"):
         model = OwnLoss({"ids": ids}, keras.layers.Dense(1)(pooled))
         model.compile(keras.optimizers.SGD(0.1))

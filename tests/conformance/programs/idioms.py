@@ -47,7 +47,8 @@ NOISE = rng.normal(size=(64, 4)).astype("float32")  # a GAN's and a VAE's random
 # each bug.
 UPSTREAM_FIXES = ("batch_norm_statistics_averaged", "clip_after_all_reduce",
                   "loss_value_per_replica", "gradient_accumulation_in_phases",
-                  "loss_scale_finite_on_every_replica", "step_models_under_strategies")
+                  "loss_scale_finite_on_every_replica", "step_models_under_strategies",
+                  "random_draws_as_one_device")
 
 
 @contextlib.contextmanager
@@ -217,9 +218,31 @@ def multi_output():
 
 
 def dropout():
-    """Random masks differ from one device's; the replicas must still agree."""
-    return fit_regression(lambda: dense_model(keras.layers.Dropout(0.3)),
+    """Each replica's masks are its rows of one device's masks for the global batch."""
+    return fit_regression(lambda: dense_model(keras.layers.Dropout(0.3, seed=2)),
                           lambda: keras.optimizers.SGD(0.05))
+
+
+def random_layers_uneven():
+    """Every random layer of Keras on the batch, with a short last batch (61 rows: 7/6): noise,
+    masks and a random flip drawn as one device draws them for the global batch."""
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([
+            keras.Input((8,)), keras.layers.Reshape((2, 4, 1)),
+            keras.layers.RandomFlip("horizontal", seed=2), keras.layers.Flatten(),
+            keras.layers.Dense(16), keras.layers.GaussianNoise(0.1, seed=3),
+            keras.layers.Activation("relu"), keras.layers.GaussianDropout(0.2, seed=4),
+            keras.layers.AlphaDropout(0.2, seed=5), keras.layers.Dropout(0.3, seed=6),
+            keras.layers.Dense(1)])
+
+    with scope():
+        built = model()
+        built.compile(keras.optimizers.Adam(0.01), "mse")
+    history = built.fit(X[:61], Y[:61], batch_size=GLOBAL_BATCH, epochs=EPOCHS, shuffle=False,
+                        verbose=0)
+    return built, history.history, built.evaluate(X[:61], Y[:61], batch_size=GLOBAL_BATCH,
+                                                  verbose=0, return_dict=True)
 
 
 def custom_train_step():
@@ -303,9 +326,9 @@ def custom_train_step_loss_object():
     return model, history.history, {}
 
 
-def gan_two_optimizers():
-    """keras.io's GAN pattern: two models, two optimizers, a custom train_step and trackers (the
-    noise comes with the data: noise drawn inside the step differs from one device's)."""
+def gan_two_optimizers(noise_drawn_in_step=False):
+    """keras.io's GAN pattern: two models, two optimizers, a custom train_step and trackers; the
+    noise comes with the data, or is drawn inside the step as keras.io's GAN draws it."""
 
     class GAN(keras.Model):
         def __init__(self, **kwargs):
@@ -316,6 +339,7 @@ def gan_two_optimizers():
             self.discriminator = keras.Sequential([keras.Input((8,)),
                                                    keras.layers.Dense(16, "relu"),
                                                    keras.layers.Dense(1)])
+            self.seed_generator = keras.random.SeedGenerator(7)
             self.d_tracker = keras.metrics.Mean(name="d_loss")
             self.g_tracker = keras.metrics.Mean(name="g_loss")
 
@@ -330,6 +354,9 @@ def gan_two_optimizers():
 
         def train_step(self, data):
             real, noise = data
+            if noise_drawn_in_step:
+                noise = keras.random.normal((keras.ops.shape(real)[0], 4),
+                                            seed=self.seed_generator)
             fake = self.generator(noise)
             both = tf.concat([fake, real], axis=0)
             labels = tf.concat([tf.ones_like(real[:, :1]), tf.zeros_like(real[:, :1])], axis=0)
@@ -352,6 +379,10 @@ def gan_two_optimizers():
     history = gan.fit(tf.data.Dataset.from_tensor_slices((X, NOISE)).batch(GLOBAL_BATCH),
                       epochs=EPOCHS, verbose=0)
     return gan, history.history, {}
+
+
+def gan_noise_drawn_in_step():
+    return gan_two_optimizers(noise_drawn_in_step=True)
 
 
 def vae():
@@ -585,8 +616,8 @@ def generator_to_its_end_in_executions():
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
-          classification_metrics, multi_output, dropout, custom_train_step,
-          custom_train_step_loss_object, gan_two_optimizers, vae, diverging_replicas, jit_compile,
+          classification_metrics, multi_output, dropout, random_layers_uneven, custom_train_step,
+          custom_train_step_loss_object, gan_two_optimizers, gan_noise_drawn_in_step, vae, diverging_replicas, jit_compile,
           embedding_sgd, position_embedding_adam, gather_dense_unused_adam, uneven_last_batch,
           uneven_last_batch_weighted, one_row_last_batch, empty_share,
           empty_share_broadcasting_loss, pydataset, pydataset_two_workers,
