@@ -14,28 +14,37 @@ batch; `draw_offset` says o, and whether a draw's first dimension is the batch's
 
 o is the sum of the shares of the replicas before this one (uneven and empty shares included):
 an all-gather of every replica's batch size, built once per traced step at its first draw that
-needs it (a step that draws nothing on the batch pays no collective).
+needs it (a step that draws nothing on the batch pays no collective). A batch of static size (a
+dataset batched with `drop_remainder=True`) is the same on every replica: o is the replica's
+index times it, with no collective. The collective is a synchronization in the middle of the
+forward pass (`benchmarks/random_draws.py` measures it), so each model that pays it says so
+once, with the way back to Keras's draws.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 
 from kdist.exchange import same_rows, weights
 from kdist.exchange.comm import Comm, tcp_ring
+from kdist.keras_seam import keras_internals
 
 _local = threading.local()
+logger = logging.getLogger("kdist")
 
 
 def offsetting(step_function):
     """Wraps a model's `train_step`: its random draws on the batch take this replica's rows of
     one device's draw (`draw_offset`)."""
+    said = []
+
     @functools.wraps(step_function)
     def step(data):
         import tensorflow as tf
 
-        _local.step = _Step(data, tf.compat.v1.get_default_graph())
+        _local.step = _Step(data, tf.compat.v1.get_default_graph(), step_function, said)
         try:
             return step_function(data)
         finally:
@@ -57,11 +66,12 @@ def draw_offset(first_dimension):
 class _Step:
     """One replica's traced step: its batch and, once a draw asks, where its rows start."""
 
-    def __init__(self, data, graph):
+    def __init__(self, data, graph, step_function, said: list):
         self.graph = graph
         with graph.as_default():
             self.rows = weights.batch_size_of(data)
         self._offset = None
+        self._step_function, self._said = step_function, said
 
     def is_batch(self, dimension) -> bool:
         import tensorflow as tf
@@ -74,17 +84,35 @@ class _Step:
     def offset(self):
         if self._offset is None:
             with self.graph.as_default():  # in the step's graph: a loop's body may draw first
-                self._offset = _offset_of(self.rows)
+                self._offset = _offset_of(self.rows, self._collective_said)
         return self._offset
 
+    def _collective_said(self, replicas: int) -> None:
+        if self._said:
+            return
+        self._said.append(True)
+        owner = keras_internals.model_of(self._step_function)
+        logger.warning(
+            "kdist: %s draws random numbers on the batch (dropout, noise): each of the %d "
+            "replicas draws its rows of the draw one device makes for the global batch, which "
+            "takes one all-gather of the replicas' batch sizes in every step's forward pass "
+            "(none for a batch of fixed size: drop_remainder=True). To draw as Keras does "
+            "instead (the same numbers on every replica, not one device's), run "
+            "kdist.keras_seam.patches.patch('random_draws_as_one_device').uninstall() first",
+            type(owner).__name__ if owner is not None else "the model", replicas)
 
-def _offset_of(rows):
+
+def _offset_of(rows, collective_said):
     """The sum of the batch sizes of the replicas before this one."""
     import tensorflow as tf
 
     context = tf.distribute.get_replica_context()
+    replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
+    static = tf.get_static_value(rows)
+    if static is not None:  # every replica's batch has this size
+        return replica * int(static)
+    collective_said(context.num_replicas_in_sync)
     every = Comm(context, step=None, ring=tcp_ring(context.strategy)).all_gather(
         [tf.reshape(tf.cast(rows, tf.int64), [1])])[0]
-    replica = tf.cast(context.replica_id_in_sync_group, tf.int64)
     before = tf.range(tf.size(every, out_type=tf.int64)) < replica
     return tf.reduce_sum(tf.where(before, every, tf.zeros_like(every)))

@@ -170,6 +170,21 @@ def test_per_replica_batch_statistics_are_said_once_per_model(runs, mode):
             assert "synchronized=True" in lines[0] and "2 replicas" in lines[0], lines
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_draws_on_the_batch_say_their_collective_once_per_model(runs, mode):
+    """Finding where a replica's rows start takes an all-gather of the batch sizes in every
+    step's forward pass: said once per model, with the way back to Keras's draws; never for a
+    model that draws nothing, nor for batches of a static size (the GAN's drop_remainder=True)."""
+    for idiom, said in (("random_layers_uneven", 1), ("gan_noise_drawn_in_step", 0),
+                        ("uneven_last_batch", 0)):
+        lines = [w for w in report(runs, mode)[idiom]["warnings"]
+                 if "draws random numbers on the batch" in w]
+        assert len(lines) == said, (idiom, lines)
+        if said:
+            assert "each of the 2 replicas draws its rows" in lines[0], lines
+            assert "patch('random_draws_as_one_device').uninstall()" in lines[0], lines
+
+
 def _furthest(out, mode, idiom) -> float:
     """By position: an optimizer slot's name carries counters that depend on what ran before."""
     expected, got = weights(out, "one_device", idiom), weights(out, mode, idiom)
