@@ -149,6 +149,21 @@ def test_bad_input_gets_one_clear_line_and_the_documented_code(argv, code, named
         assert "Fix:" in errors[0] or ": use " in errors[0] or "write" in errors[0], errors[0]
 
 
+@pytest.mark.parametrize("flag,value", [("--bandwidth", "fast"), ("--latency", "-5us"),
+                                        ("--host-cost", "nan"), ("--plot", "/nonexistent/d/p.png")])
+def test_a_plans_flag_is_refused_before_tensorflow_starts(tmp_path, flag, value):
+    """kdist plan reads its flags before it starts TensorFlow (seconds): here any import of
+    TensorFlow fails loudly, and the mistyped flag is still the one named."""
+    (tmp_path / "tensorflow").mkdir()
+    (tmp_path / "tensorflow" / "__init__.py").write_text(
+        "raise ImportError('kdist plan imported TensorFlow before reading its flags')\n")
+    result = run_kdist(["plan", *PLAN, flag, value], timeout=60,
+                       env={"PYTHONPATH": f"{tmp_path}{os.pathsep}{ROOT}"})
+    assert result.returncode == 2, result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("kdist: error:")]
+    assert len(errors) == 1 and flag in errors[0], result.stderr
+
+
 def test_the_documented_exit_code_table_matches_the_codes_tested():
     guide = open(os.path.join(ROOT, "docs", "launcher.md"), encoding="utf-8").read()
     table = guide[guide.index("**Exit codes**"):]

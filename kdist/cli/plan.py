@@ -7,8 +7,8 @@ import sys
 from kdist.cli import parsing
 from kdist.compression import registry
 
-# Imported inside functions: kdist.planner, which `kdist --help` must not load (it imports
-# TensorFlow).
+# Imported inside functions: kdist.planner, which `kdist --help` must not load (its measuring
+# imports TensorFlow).
 
 
 def add(commands) -> None:
@@ -53,19 +53,19 @@ def add(commands) -> None:
 def run(args) -> int:
     import json
 
+    from kdist import planner
     from kdist.doctor import without_tf_logs
 
-    with without_tf_logs(enabled=True):  # TensorFlow's C++ banner is not the plan's
-        import tensorflow as tf
-
-        from kdist import planner
-
-        tf.config.list_logical_devices()  # the runtime starts (and logs) here
+    # The flags first, before TensorFlow starts (seconds): a mistyped one is named at once.
     parsing.output_file(args.plot, "--plot")
     bandwidth, latency = planner.parse_bandwidth(args.bandwidth), planner.parse_latency(args.latency)
-    compressor = planner.parse_compression(args.compression)
     host_cost = planner.parse_host_cost(args.host_cost)
-    model_fn = planner.load_model_function(args.model)
+    with without_tf_logs(enabled=True):  # TensorFlow's C++ banner is not the plan's
+        compressor = planner.parse_compression(args.compression)  # a compressor imports TF
+        model_fn = planner.load_model_function(args.model)
+        import tensorflow as tf
+
+        tf.config.list_logical_devices()  # the runtime starts (and logs) here
 
     def progress(message: str) -> None:
         print(f"kdist plan: {message}", file=sys.stderr, flush=True)
