@@ -822,6 +822,14 @@ FIXES = [
                    "on every replica); see kdist/keras_seam/one_device_fixes.py",
           why="every replica draws the same dropout masks and noise for its share of the batch, "
               "where one device draws different numbers for every row of the global batch"),
+    Patch("additional_loss_sums_as_one_device", FIX,
+          {Target("Trainer", "_aggregate_additional_loss"):
+           one_device_fixes._additional_loss_as_one_device},
+          upstream="none filed (keras-team/keras#20609 divides every replica's loss by the "
+                   "replicas); see kdist/keras_seam/one_device_fixes.py",
+          keras_versions=("3.8.0", versions.KERAS_RANGE[1]),
+          why="a penalty add_loss sums over the batch trains with 1/N of one device's gradient "
+              "under N replicas (a mean over the batch is right)"),
     Patch("keras2_names", FIX,
           {Target("utils module", "experimental"): one_device_fixes._keras2_names},
           upstream="none: Keras 3 dropped tf.keras's keras.utils.experimental",

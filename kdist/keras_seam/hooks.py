@@ -76,6 +76,13 @@ class Hooks:
         of the batch; None (Keras): every replica draws the same numbers."""
         return None
 
+    def additional_loss_factor(self, model, loss) -> float:
+        """`loss`, given to `add_loss` in `model`'s step on one replica of several, is divided by
+        the replicas (Keras >= 3.8): by what (a number or a scalar tensor) to multiply it, so
+        that its gradient summed over the replicas, and the mean of its values over them that
+        fit logs, are one device's (Keras: 1, right for a mean over the batch)."""
+        return 1
+
     def slot_device(self, optimizer, reference_variable) -> str | None:
         """The device a new optimizer slot of `reference_variable` goes to (None: Keras's)."""
         return None

@@ -33,7 +33,7 @@ class KdistHooks(Hooks):
         """Binds the active `kdist.scope(...)` options to `model`, and the gradient exchange they
         ask for to its optimizer."""
         from kdist.exchange import Exchange, empty_shares, weights
-        from kdist.wiring import own_losses, random_rows
+        from kdist.wiring import own_losses, replica_rows
         from kdist.exchange.comm import tcp_ring
         from kdist.wiring import options as training_options
 
@@ -49,7 +49,8 @@ class KdistHooks(Hooks):
             record = weights.recording_batch_size if weighs else weights.recording_examples
             for step in ("train_step", "test_step"):
                 keras_internals.wrap_method(model, step, record)
-            keras_internals.wrap_method(model, "train_step", random_rows.offsetting)
+            for step in ("train_step", "test_step"):  # evaluate logs an add_loss sum too
+                keras_internals.wrap_method(model, step, replica_rows.tracking)
             keras_internals.wrap_method(model, "compute_loss", empty_shares.skipping_loss)
             keras_internals.wrap_method(model, "compute_metrics", empty_shares.skipping_metrics)
             if _own_step_with_divided_losses(model):
@@ -118,10 +119,18 @@ class KdistHooks(Hooks):
             clock.reading([g for g, _ in summed], "summed")
         return summed
 
-    def draw_offset(self, first_dimension):
-        from kdist.wiring import random_rows
+    def additional_loss_factor(self, model, loss) -> float:
+        import tensorflow as tf
 
-        return random_rows.draw_offset(first_dimension)
+        from kdist.wiring import batch_losses
+
+        replicas = tf.distribute.get_replica_context().num_replicas_in_sync
+        return batch_losses.factor(model, loss, replicas)
+
+    def draw_offset(self, first_dimension):
+        from kdist.wiring import replica_rows
+
+        return replica_rows.draw_offset(first_dimension)
 
     def loss_divided(self) -> None:
         from kdist.wiring import own_losses

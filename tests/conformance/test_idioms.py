@@ -41,7 +41,10 @@ if KERAS < (3, 7, 0):  # Keras <= 3.6 aborts the all-reduce at an epoch's end (k
 # _weighs_examples), so a short last batch weighs examples as plain tf.distribute does.
 NOT_ONE_DEVICE_MIRRORED = {"uneven_last_batch", "uneven_last_batch_weighted",
                            "one_row_last_batch", "empty_share", "empty_share_broadcasting_loss",
-                           "random_layers_uneven"} if KERAS < (3, 8, 0) else set()
+                           "random_layers_uneven", "add_loss_mean"} if KERAS < (3, 8, 0) else set()
+if KERAS < (3, 8, 0):  # kdist's fix additional_loss_sums_as_one_device targets Keras >= 3.8
+    NOT_ONE_DEVICE["add_loss_sum"] = "Keras < 3.8: a loss given to add_loss is divided by the " \
+        "replicas with the rest of the loss, a sum over the batch included"
 if KERAS < (3, 14, 0):  # keras-team/keras#22018, fixed in Keras 3.14
     NOT_ONE_DEVICE["activity_regularizer"] = "Keras < 3.14 does not divide the activity loss by " \
         "the batch size, so its strength depends on each replica's batch"
@@ -50,7 +53,7 @@ CUSTOM_STEPS = ("custom_train_step", "custom_train_step_loss_object", "gan_two_o
 # What each upstream bug does with kdist's fix removed (programs/idioms.py's upstream mode).
 UPSTREAM = ("batchnorm", "clipnorm_sgd", "global_clipnorm_sgd", "clipvalue_sgd",
             "gradient_accumulation_sgd", "custom_train_step", "mixed_float16", "gan_two_optimizers",
-            "dropout", "random_layers_uneven")
+            "dropout", "random_layers_uneven", "add_loss_sum")
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +86,7 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "clipnorm_adam", "gradient_accumulation_sgd", "gradient_accumulation_adam", "regularizers",
     "activity_regularizer", "adamw", "learning_rate_schedule", "steps_per_execution", "ema", "mixed_float16",
     "sample_weight", "classification_metrics", "multi_output", "dropout", "random_layers_uneven",
-    "custom_train_step", "custom_train_step_loss_object", "gan_two_optimizers",
+    "add_loss_sum", "add_loss_mean", "custom_train_step", "custom_train_step_loss_object", "gan_two_optimizers",
     "gan_noise_drawn_in_step", "vae", "diverging_replicas",
     "jit_compile", "embedding_sgd", "position_embedding_adam", "gather_dense_unused_adam",
     "uneven_last_batch", "uneven_last_batch_weighted", "one_row_last_batch", "empty_share",
@@ -171,18 +174,22 @@ def test_per_replica_batch_statistics_are_said_once_per_model(runs, mode):
 
 
 @pytest.mark.parametrize("mode", MODES)
-def test_draws_on_the_batch_say_their_collective_once_per_model(runs, mode):
-    """Finding where a replica's rows start takes an all-gather of the batch sizes in every
-    step's forward pass: said once per model, with the way back to Keras's draws; never for a
-    model that draws nothing, nor for batches of a static size (the GAN's drop_remainder=True)."""
+def test_a_step_that_needs_the_global_rows_says_its_collective_once_per_model(runs, mode):
+    """Where a replica's rows start (draws) and how many the global batch holds (an add_loss
+    sum) take an all-gather of the batch sizes in every step: said once per model (fit and
+    evaluate), with what needs it and, for draws, the way back to Keras's; never for a model
+    that needs neither, nor for batches of a static size (the GAN's drop_remainder=True)."""
     for idiom, said in (("random_layers_uneven", 1), ("gan_noise_drawn_in_step", 0),
-                        ("uneven_last_batch", 0)):
+                        ("uneven_last_batch", 0), ("add_loss_sum", 1), ("add_loss_mean", 0)):
         lines = [w for w in report(runs, mode)[idiom]["warnings"]
-                 if "draws random numbers on the batch" in w]
+                 if "takes one all-gather of the replicas' batch sizes" in w]
         assert len(lines) == said, (idiom, lines)
-        if said:
-            assert "each of the 2 replicas draws its rows" in lines[0], lines
-            assert "patch('random_draws_as_one_device').uninstall()" in lines[0], lines
+    [draws] = [w for w in report(runs, mode)["random_layers_uneven"]["warnings"]
+               if "all-gather" in w]
+    assert "each of the 2 replicas draws its rows" in draws, draws
+    assert "patch('random_draws_as_one_device').uninstall()" in draws, draws
+    [sums] = [w for w in report(runs, mode)["add_loss_sum"]["warnings"] if "all-gather" in w]
+    assert "a loss given to add_loss sums over the batch" in sums, sums
 
 
 def _furthest(out, mode, idiom) -> float:
@@ -205,6 +212,8 @@ def test_the_upstream_bugs_still_need_kdists_fixes(runs):
     assert "Unable to automatically build the model" in upstream["gan_two_optimizers"]["error"]
     for idiom in ("dropout", "random_layers_uneven"):  # every replica draws the same numbers
         assert _furthest(runs, "upstream", idiom) > 1e-3, idiom
+    if version(keras.__version__) >= (3, 8, 0):  # Keras divides an add_loss sum by the replicas
+        assert _furthest(runs, "upstream", "add_loss_sum") > 1e-4
     assert not np.isfinite(_furthest(runs, "upstream", "mixed_float16")) or \
         _furthest(runs, "upstream", "mixed_float16") > 1e-2
     logged = upstream["custom_train_step"]["history"]["loss"][-1]

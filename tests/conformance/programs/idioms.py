@@ -48,7 +48,7 @@ NOISE = rng.normal(size=(64, 4)).astype("float32")  # a GAN's and a VAE's random
 UPSTREAM_FIXES = ("batch_norm_statistics_averaged", "clip_after_all_reduce",
                   "loss_value_per_replica", "gradient_accumulation_in_phases",
                   "loss_scale_finite_on_every_replica", "step_models_under_strategies",
-                  "random_draws_as_one_device")
+                  "random_draws_as_one_device", "additional_loss_sums_as_one_device")
 
 
 @contextlib.contextmanager
@@ -243,6 +243,27 @@ def random_layers_uneven():
                         verbose=0)
     return built, history.history, built.evaluate(X[:61], Y[:61], batch_size=GLOBAL_BATCH,
                                                   verbose=0, return_dict=True)
+
+
+def penalty(reduce):
+    """A layer giving add_loss a penalty on its activations, reduced over the batch by `reduce`
+    (`keras.ops.sum` or `keras.ops.mean`)."""
+    class Penalty(keras.layers.Layer):
+        def call(self, h):
+            self.add_loss(1e-2 * reduce(keras.ops.sum(keras.ops.square(h), axis=1)))
+            return h
+
+    return Penalty()
+
+
+def add_loss_sum():
+    """A penalty summed over the batch, on uneven shares (61 rows: 7/6): each replica's sum is
+    its part of one device's (Keras divides it by the replicas, as a mean)."""
+    return fit_rows(61, GLOBAL_BATCH, middle=(penalty(keras.ops.sum),))
+
+
+def add_loss_mean():
+    return fit_rows(61, GLOBAL_BATCH, middle=(penalty(keras.ops.mean),))
 
 
 def custom_train_step():
@@ -514,9 +535,9 @@ def position_embedding_adam():
     return fit_regression(model, lambda: keras.optimizers.Adam(0.05), inputs=TOKENS)
 
 
-def fit_rows(rows, batch, sample_weight=None):
+def fit_rows(rows, batch, sample_weight=None, middle=()):
     with scope():
-        model = dense_model()
+        model = dense_model(*middle)
         model.compile(keras.optimizers.SGD(0.05), "mse", weighted_metrics=["mae"])
     history = model.fit(X[:rows], Y[:rows], batch_size=batch, epochs=EPOCHS, shuffle=False,
                         verbose=0, sample_weight=sample_weight)
@@ -618,7 +639,8 @@ def generator_to_its_end_in_executions():
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
-          classification_metrics, multi_output, dropout, random_layers_uneven, custom_train_step,
+          classification_metrics, multi_output, dropout, random_layers_uneven, add_loss_sum,
+          add_loss_mean, custom_train_step,
           custom_train_step_loss_object, gan_two_optimizers, gan_noise_drawn_in_step, vae, diverging_replicas, jit_compile,
           embedding_sgd, position_embedding_adam, gather_dense_unused_adam, uneven_last_batch,
           uneven_last_batch_weighted, one_row_last_batch, empty_share,
