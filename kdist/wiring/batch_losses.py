@@ -54,12 +54,14 @@ def factor(model, loss, replicas: int):
     sum then divided by the global batch's B rows) B / b_i (0 for an empty share); else 1."""
     import tensorflow as tf
 
+    if tf.executing_eagerly():  # run_eagerly=True: no graph to read, Keras's division
+        return 1
     kind, why = over_the_batch(loss)
     if kind == SUM:
         rows = weights.weighed_batch_size()
-        if rows is None:
+        total = replica_rows.global_rows(replica_rows.SUMS) if rows is not None else None
+        if total is None:  # equal shares (or run eagerly: exact on equal shares only)
             return replicas
-        total = replica_rows.global_rows(replica_rows.SUMS)
         return tf.math.divide_no_nan(tf.cast(total, tf.float32), tf.cast(rows, tf.float32))
     if kind == UNREAD and model not in _said:
         _said.add(model)

@@ -19,7 +19,8 @@ traced step when something first needs it (a step that needs neither pays no col
 batch of static size (a dataset batched with `drop_remainder=True`) is the same on every
 replica: o is the replica's index times it, with no collective. The collective is a
 synchronization inside the step (`benchmarks/random_draws.py` measures it), so each model that
-pays it says so once, with what needs it.
+pays it says so once, with what needs it. A step run eagerly (`run_eagerly=True`, for
+debugging) is not tracked: it draws as Keras does.
 """
 
 from __future__ import annotations
@@ -52,6 +53,8 @@ def tracking(step_function):
     def step(data):
         import tensorflow as tf
 
+        if tf.executing_eagerly():  # run_eagerly=True: Keras's own draws and divisions
+            return step_function(data)
         _local.step = _Step(data, tf.compat.v1.get_default_graph(), step_function)
         try:
             return step_function(data)
@@ -72,9 +75,11 @@ def draw_offset(first_dimension):
 
 
 def global_rows(needed_for: str):
-    """The rows of the global batch (a scalar int64 tensor) in a step `tracking` wraps;
-    `needed_for` (SUMS, DRAWS) is what the model is told once if it takes a collective."""
-    return _local.step.gathered(needed_for)[1]
+    """The rows of the global batch (a scalar int64 tensor) in a traced step `tracking` wraps,
+    else None; `needed_for` (SUMS, DRAWS) is what the model is told once if it takes a
+    collective."""
+    step = getattr(_local, "step", None)
+    return None if step is None else step.gathered(needed_for)[1]
 
 
 class _Step:
