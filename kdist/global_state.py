@@ -66,9 +66,13 @@ class Process:
     steps_watched: bool = False
     # kdist.keras_seam.fixes: the several-steps function is tracing its steps
     tracing_several_steps: bool = False
-    # kdist.wiring.agreement: the fits compared so far; the models already said to be local
+    # kdist.wiring.agreement: the fits compared so far; the models already said to be local;
+    # whether every worker's Python `random` held the same state at the last fit's start (a
+    # PyDataset's batches are then shuffled by it, as one device's are: kdist.keras_seam.inputs)
     agreed_fits: int = 0
     local_models_said: set = dataclasses.field(default_factory=set)
+    python_random_agrees: bool = False
+    python_random_said: bool = False
     # kdist.verify_plan: this process's first fit was recorded or replayed
     verified: bool = False
 

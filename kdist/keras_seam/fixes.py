@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import logging
 
 from kdist import global_state
 from kdist.keras_seam import inputs, keras_internals, one_device_fixes, tf_internals, versions
@@ -19,6 +20,8 @@ from kdist.keras_seam.hooks import connected
 from kdist.keras_seam.registry import FIX, Patch, Target
 from kdist.keras_seam.saving import MODEL_FILES
 from kdist.keras_seam.strategy_kinds import is_multi_worker, is_parameter_server
+
+logger = logging.getLogger("kdist")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -214,11 +217,27 @@ def _consistent_pydataset_order(iterator, strategy):
             and strategy.num_replicas_in_sync > 1
             and not is_parameter_server(strategy)):
         adapter.enqueuer = None  # not started yet: kdist's generator loads with its threads
-        seed = inputs.shared_seed(connected().cluster_of(strategy))
+        seed = _pydataset_seed(adapter, strategy)
         epochs = inputs.EpochCount(adapter)
         iterator._distributed_dataset = _shares_ending_together(
             iterator, strategy,
             lambda context: inputs.pydataset_shares(adapter, seed, epochs, context))
+
+
+def _pydataset_seed(adapter, strategy) -> int | None:
+    """None: a PyDataset's batches are shuffled by Python's `random`, as on one device (one
+    process, or workers whose `random` agreed at the fit's start); else the workers' shared
+    seed, said once."""
+    if not is_multi_worker(strategy) or global_state.process().python_random_agrees:
+        return None
+    if adapter.shuffle and not global_state.process().python_random_said:
+        global_state.process().python_random_said = True
+        logger.warning(
+            "kdist: the workers' Python random states differ at fit's start (the program seeds "
+            "none), so a PyDataset's batches are shuffled by a seed the workers share, in an "
+            "order one device would not draw; keras.utils.set_random_seed(n) before the model "
+            "is built gives one device's order")
+    return inputs.shared_seed(connected().cluster_of(strategy))
 
 
 def _generator_batches_copied(iterator, strategy):

@@ -18,8 +18,12 @@ by FILE, and makes two new iterators per epoch. These inputs go wrong there:
    different batches (64 of 128 examples trained twice, measured). And under Mirrored too, on a
    loaded machine, an epoch trained on other batches than one device's (the iterator Keras makes
    at an epoch's end shares the loader with the next one's). kdist loads the batches in one
-   seeded order on every worker, with the dataset's own `workers` threads, in order, each
-   iterator its own loader (`pydataset_shares`), under every strategy of several replicas.
+   order on every worker, with the dataset's own `workers` threads, in order, each iterator its
+   own loader (`pydataset_shares`), under every strategy of several replicas. The order is one
+   device's, one `random.shuffle` of Python's `random` per epoch as Keras draws it, in one
+   process and wherever every worker's `random` held the same state at the fit's start
+   (compared with the fit's other facts: `kdist.wiring.agreement`); where they differ (a
+   program that seeded nothing), a seed the workers share, said once.
 3. **One file, more workers**: a dataset read from fewer files than workers fails at its first
    batch with TensorFlow's "Could not apply FILE based sharding" under the default AUTO policy.
    kdist shards it by DATA instead and says so in one line (`file_sharding`); an explicit FILE
@@ -238,14 +242,16 @@ class EpochCount:
         adapter.on_epoch_begin = on_epoch_begin
 
 
-def ordered_batches(adapter, seed: int, epochs: EpochCount):
+def ordered_batches(adapter, seed: int | None, epochs: EpochCount):
     """A generator of the adapter's batches for the epoch beginning now: in one order on every
-    worker (shuffled with `seed` and the epoch), loaded by the dataset's `workers` threads ahead
-    of use (at most `max_queue_size`), yielded in order."""
+    worker, loaded by the dataset's `workers` threads ahead of use (at most `max_queue_size`),
+    yielded in order. Shuffled as Keras shuffles them on one device, by Python's `random` (one
+    draw per epoch), where `seed` is None: in one process, or where every worker's `random`
+    holds the same state (a seeded program); else with `seed` and the epoch."""
     dataset = adapter.py_dataset
     order = list(range(dataset.num_batches))
     if adapter.shuffle:
-        random.Random(seed + epochs.value).shuffle(order)
+        (random if seed is None else random.Random(seed + epochs.value)).shuffle(order)
     ahead = max(1, dataset.max_queue_size)
     with futures.ThreadPoolExecutor(max(1, dataset.workers)) as pool:
         loading = [pool.submit(dataset.__getitem__, i) for i in order[:ahead]]

@@ -16,14 +16,17 @@ scope, said in one line where it is wholly local.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import random
 
 from kdist import global_state
 from kdist.keras_seam import keras_internals, tf_internals
 from kdist.strategies import is_multi_worker
 
 logger = logging.getLogger("kdist")
+RANDOM = "python_random"  # published beside the facts; a difference is no error
 
 
 def facts(model, arguments: dict, options) -> dict:
@@ -115,7 +118,9 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
     global_state.process().agreed_fits = count + 1
     key = f"kdist/agreement/fit-{count}/"
     mine = facts(model, arguments, options)
-    tf_internals.set_job_key(key + spec.task, json.dumps(mine))
+    python_random = random_state()
+    tf_internals.set_job_key(key + spec.task, json.dumps({**mine, RANDOM: python_random}))
+    agrees = True
     for task in tasks:
         if task == spec.task:
             continue
@@ -125,6 +130,7 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
             raise RuntimeError(f"kdist: {spec.task} waited {timeout:.0f} s for {task} to start "
                                f"fit #{count + 1}; it did not (it may run other code, or have "
                                f"stopped): {type(error).__name__}") from None
+        agrees = agrees and theirs.pop(RANDOM, None) == python_random
         difference = first_difference(mine, theirs)
         if difference is not None:  # said alike by both: the first worker's value first
             field, here, there = difference
@@ -135,6 +141,13 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
                 f"{a} and {b_value} on {b}. Fix: run the same program with the same "
                 "arguments and environment on every worker (a setting read per worker, such as "
                 "a batch size or a layer width, must be equal on all)")
+    global_state.process().python_random_agrees = agrees
+
+
+def random_state() -> str:
+    """A digest of Python's `random` state: equal on every worker of a program that seeded it
+    (`keras.utils.set_random_seed`) and drew from it alike."""
+    return hashlib.sha256(repr(random.getstate()).encode()).hexdigest()[:16]
 
 
 def refuse_model_outside(model, model_strategy, current) -> None:

@@ -27,6 +27,7 @@ TOLERANCE = {"mixed_float16": 2e-3}
 NOT_ONE_DEVICE = {
     "batchnorm": "each replica normalizes with its own part of the batch (synchronized=True "
                  "uses the global batch)",
+    "pydataset_shuffled_unseeded": "Python's random is unseeded: one device draws another order",
 }
 REFUSED = {
     "jit_compile": ("XLA cannot compile the gradient all-reduce on CPU", "jit_compile=False"),
@@ -91,7 +92,8 @@ IDIOMS = [  # the program's list (checked below; importing it would start Tensor
     "jit_compile", "embedding_sgd", "position_embedding_adam", "gather_dense_unused_adam",
     "uneven_last_batch", "uneven_last_batch_weighted", "one_row_last_batch", "empty_share",
     "empty_share_broadcasting_loss", "pydataset",
-    "pydataset_two_workers", "generator_steps_per_epoch", "generator_to_its_end",
+    "pydataset_two_workers", "pydataset_shuffled", "pydataset_shuffled_unseeded",
+    "generator_steps_per_epoch", "generator_to_its_end",
     "generator_to_its_end_in_executions"]
 
 
@@ -190,6 +192,22 @@ def test_a_step_that_needs_the_global_rows_says_its_collective_once_per_model(ru
     assert "patch('random_draws_as_one_device').uninstall()" in draws, draws
     [sums] = [w for w in report(runs, mode)["add_loss_sum"]["warnings"] if "all-gather" in w]
     assert "a loss given to add_loss sums over the batch" in sums, sums
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_an_unseeded_pydataset_shuffle_is_said_once_where_the_workers_differ(runs, mode):
+    """Workers whose Python random differ at fit's start (unseeded) take a shared seed's order
+    and say so; a seeded program's workers agree, take one device's order and say nothing."""
+    def said(idiom):
+        return [w for w in report(runs, mode)[idiom]["warnings"]
+                if "Python random states differ" in w]
+
+    assert said("pydataset_shuffled") == []
+    lines = said("pydataset_shuffled_unseeded")
+    if mode.startswith("multi_worker"):
+        assert len(lines) == 1 and "keras.utils.set_random_seed(n)" in lines[0], lines
+    else:  # one process: Keras's own draw, whatever its state
+        assert lines == []
 
 
 def _furthest(out, mode, idiom) -> float:

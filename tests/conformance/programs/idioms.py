@@ -576,21 +576,27 @@ def empty_share_broadcasting_loss():
                                                   return_dict=True)
 
 
-def fit_pydataset(workers, use_multiprocessing=False):
-    """A keras.utils.PyDataset of global batches, loaded by `workers` threads (or processes)."""
+def fit_pydataset(workers, use_multiprocessing=False, shuffle=False, batch=GLOBAL_BATCH,
+                  unseeded=False):
+    """A keras.utils.PyDataset of global batches, loaded by `workers` threads (or processes);
+    `unseeded`: Python's random drawn from the process once the model is built."""
     class Batches(keras.utils.PyDataset):
         def __len__(self):
-            return 4
+            return len(X) // batch
 
         def __getitem__(self, index):
-            rows = slice(index * GLOBAL_BATCH, (index + 1) * GLOBAL_BATCH)
+            rows = slice(index * batch, (index + 1) * batch)
             return X[rows], Y[rows]
 
     with scope():
         model = dense_model()
         model.compile(keras.optimizers.SGD(0.05), "mse")
     data = Batches(workers=workers, use_multiprocessing=use_multiprocessing)
-    history = model.fit(data, epochs=EPOCHS, shuffle=False, verbose=0)
+    if unseeded:
+        import random
+
+        random.seed(os.urandom(8))
+    history = model.fit(data, epochs=EPOCHS, shuffle=shuffle, verbose=0)
     return model, history.history, model.evaluate(data, verbose=0, return_dict=True)
 
 
@@ -600,6 +606,18 @@ def pydataset():
 
 def pydataset_two_workers():
     return fit_pydataset(workers=2)
+
+
+def pydataset_shuffled():
+    """fit(shuffle=True) over 8 batches, 2 loader threads: each epoch in the order Keras draws
+    from Python's random on one device (seeded by keras.utils.set_random_seed)."""
+    return fit_pydataset(workers=2, shuffle=True, batch=8)
+
+
+def pydataset_shuffled_unseeded():
+    """The same with Python's random left unseeded (drawn from the process): the workers still
+    take one order, a shared seed's, and say so."""
+    return fit_pydataset(workers=2, shuffle=True, batch=8, unseeded=True)
 
 
 def fit_generator(rows, steps_per_execution=1, **fit_args):
@@ -644,7 +662,8 @@ IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, 
           custom_train_step_loss_object, gan_two_optimizers, gan_noise_drawn_in_step, vae, diverging_replicas, jit_compile,
           embedding_sgd, position_embedding_adam, gather_dense_unused_adam, uneven_last_batch,
           uneven_last_batch_weighted, one_row_last_batch, empty_share,
-          empty_share_broadcasting_loss, pydataset, pydataset_two_workers,
+          empty_share_broadcasting_loss, pydataset, pydataset_two_workers, pydataset_shuffled,
+          pydataset_shuffled_unseeded,
           generator_steps_per_epoch, generator_to_its_end, generator_to_its_end_in_executions]
 
 
