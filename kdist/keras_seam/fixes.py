@@ -225,12 +225,15 @@ def _consistent_pydataset_order(iterator, strategy):
 
 
 def _pydataset_seed(adapter, strategy) -> int | None:
-    """None: a PyDataset's batches are shuffled by Python's `random`, as on one device (one
-    process, or workers whose `random` agreed at the fit's start); else the workers' shared
-    seed, said once."""
-    if not is_multi_worker(strategy) or global_state.process().python_random_agrees:
+    """None: a PyDataset's batches are shuffled as on one device (`inputs.pydataset_order`:
+    by the epoch's index, or by Python's `random` in one process or on workers whose `random`
+    agreed at the fit's start); else the workers' shared seed, said once where seeding the
+    program would give one device's order."""
+    order = inputs.pydataset_order()
+    if order == "epoch index" or order == "python random" and (
+            not is_multi_worker(strategy) or global_state.process().python_random_agrees):
         return None
-    if adapter.shuffle and not global_state.process().python_random_said:
+    if order is not None and adapter.shuffle and not global_state.process().python_random_said:
         global_state.process().python_random_said = True
         logger.warning(
             "kdist: the workers' Python random states differ at fit's start (the program seeds "

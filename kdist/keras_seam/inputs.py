@@ -20,10 +20,12 @@ by FILE, and makes two new iterators per epoch. These inputs go wrong there:
    at an epoch's end shares the loader with the next one's). kdist loads the batches in one
    order on every worker, with the dataset's own `workers` threads, in order, each iterator its
    own loader (`pydataset_shares`), under every strategy of several replicas. The order is one
-   device's, one `random.shuffle` of Python's `random` per epoch as Keras draws it, in one
-   process and wherever every worker's `random` held the same state at the fit's start
+   device's (`PYDATASET_ORDERS`): from Keras 3.16 a `random.Random` of the epoch's index, the
+   same on every worker; for Keras 3.6-3.15 one `random.shuffle` of Python's `random` per epoch,
+   in one process and wherever every worker's `random` held the same state at the fit's start
    (compared with the fit's other facts: `kdist.wiring.agreement`); where they differ (a
-   program that seeded nothing), a seed the workers share, said once.
+   program that seeded nothing), and on Keras 3.5, a seed the workers share, said once
+   where seeding the program would give one device's order.
 3. **One file, more workers**: a dataset read from fewer files than workers fails at its first
    batch with TensorFlow's "Could not apply FILE based sharding" under the default AUTO policy.
    kdist shards it by DATA instead and says so in one line (`file_sharding`); an explicit FILE
@@ -65,6 +67,8 @@ import logging
 import random
 import zlib
 from concurrent import futures
+
+from kdist.keras_seam import versions
 
 logger = logging.getLogger("kdist")
 
@@ -242,16 +246,33 @@ class EpochCount:
         adapter.on_epoch_begin = on_epoch_begin
 
 
+# How Keras orders a shuffled PyDataset's batches on one device, by version (read in each
+# release's py_dataset_adapter.py): one random.shuffle of Python's `random` per epoch; from 3.16 a
+# `random.Random` seeded by the adapter's count of ended epochs (`_epoch`: 1 at the first epoch
+# of a fit, measured, after the pass that builds the model). Keras 3.5 passes that order through an
+# unseeded tf.data shuffle(8) of the batches as well: one device's order cannot be drawn again.
+PYDATASET_ORDERS = {("3.0.0", "3.5.99"): None, ("3.6.0", "3.15.99"): "python random",
+                    ("3.16.0", versions.KERAS_RANGE[1]): "epoch index"}
+
+
+def pydataset_order() -> str | None:
+    """The running Keras's way (`PYDATASET_ORDERS`), None where it cannot be drawn again."""
+    return versions.for_running_keras(PYDATASET_ORDERS)
+
+
 def ordered_batches(adapter, seed: int | None, epochs: EpochCount):
     """A generator of the adapter's batches for the epoch beginning now: in one order on every
     worker, loaded by the dataset's `workers` threads ahead of use (at most `max_queue_size`),
-    yielded in order. Shuffled as Keras shuffles them on one device, by Python's `random` (one
-    draw per epoch), where `seed` is None: in one process, or where every worker's `random`
-    holds the same state (a seeded program); else with `seed` and the epoch."""
+    yielded in order. Shuffled as Keras shuffles them on one device (`pydataset_order`) where
+    `seed` is None; else with `seed` and the epoch."""
     dataset = adapter.py_dataset
     order = list(range(dataset.num_batches))
-    if adapter.shuffle:
-        (random if seed is None else random.Random(seed + epochs.value)).shuffle(order)
+    if adapter.shuffle and seed is not None:
+        random.Random(seed + epochs.value).shuffle(order)
+    elif adapter.shuffle and pydataset_order() == "epoch index":
+        random.Random(adapter._epoch).shuffle(order)  # Keras's own count, as Keras seeds it
+    elif adapter.shuffle:
+        random.shuffle(order)
     ahead = max(1, dataset.max_queue_size)
     with futures.ThreadPoolExecutor(max(1, dataset.workers)) as pool:
         loading = [pool.submit(dataset.__getitem__, i) for i in order[:ahead]]
