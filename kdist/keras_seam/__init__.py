@@ -17,7 +17,7 @@ package's `__init__` imports nothing, so that importing one of its modules never
 
 >>> from kdist.keras_seam import patches
 >>> sorted(patches.install())[:2]
-['after_symbolic_build', 'atomic_assign_under_parameter_server']
+['additional_loss_sums_as_one_device', 'after_symbolic_build']
 >>> [p.kind for p in patches.PATCHES].count("fix") >= 8
 True
 """
