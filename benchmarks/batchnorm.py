@@ -15,7 +15,6 @@ rounds. Saves benchmarks/results/batchnorm.{json,md}.
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -58,14 +57,10 @@ def train(out_path: str, synchronized: bool) -> None:
 
 
 def run(contender: str, folder: str) -> dict:
-    out = os.path.join(folder, contender.replace(" ", "_").replace("=", "_"))
-    command = [sys.executable, os.path.abspath(__file__), "--train", out,
-               *(["--synchronized"] if contender.startswith("synchronized") else [])]
-    measure.local_job(command, 2, out + ".0", contender)
-    reports = [json.load(open(f"{out}.{k}")) for k in (0, 1)]
-    return {"fit_s": max(r["fit_s"] for r in reports),
-            "warm_step_ms": max(r["warm_step_ms"] for r in reports),
-            "last_loss": reports[0]["last_loss"]}
+    synchronized = contender.startswith("synchronized")
+    return measure.fit_on_two_workers(
+        os.path.abspath(__file__), os.path.join(folder, contender.replace(" ", "_").replace(
+            "=", "_")), ["--synchronized"] if synchronized else [], contender)
 
 
 def main():
@@ -77,16 +72,11 @@ def main():
     if args.train:
         return train(args.train, args.synchronized)
     runs, medians = measure.in_rounds(CONTENDERS, args.rounds, run)
-    base = medians[CONTENDERS[0]]
-    lines = [f"CNN with 2 BatchNormalization layers on {ROWS:,} MNIST digits, Adam, {EPOCHS} "
+    title = (f"CNN with 2 BatchNormalization layers on {ROWS:,} MNIST digits, Adam, {EPOCHS} "
              f"epochs, global batch {2 * PER_WORKER_BATCH} on 2 workers (one core each); "
-             f"medians of {args.rounds} rounds",
-             "", "| BatchNormalization | whole fit | warm step | step vs per-replica | "
-                 "last epoch's loss |", "|---|---|---|---|---|"]
-    for contender, m in medians.items():
-        lines.append(f"| {contender} | {m['fit_s']:.1f} s | {m['warm_step_ms']:.1f} ms | "
-                     f"{m['warm_step_ms'] / base['warm_step_ms']:.3f}x | {m['last_loss']:.4f} |")
-    results_table.save("batchnorm", "\n".join(lines), {"runs": runs, "medians": medians})
+             f"medians of {args.rounds} rounds")
+    results_table.save("batchnorm", measure.fit_table(title, "BatchNormalization", medians),
+                       {"runs": runs, "medians": medians})
 
 
 if __name__ == "__main__":

@@ -75,6 +75,33 @@ def write_task_report(out_path: str, report: dict) -> None:
         json.dump(report, f)
 
 
+def fit_on_two_workers(script: str, out: str, flags: list, name: str) -> dict:
+    """`python SCRIPT --train OUT *FLAGS` as a job of 2 local workers, each writing its
+    `timed_fit` report (with its "last_loss") to OUT.INDEX: the slower worker's whole fit and
+    warm step, worker 0's last loss."""
+    local_job([sys.executable, script, "--train", out, *flags], 2, out + ".0", name)
+    reports = []
+    for index in (0, 1):
+        with open(f"{out}.{index}") as f:
+            reports.append(json.load(f))
+    return {"fit_s": max(r["fit_s"] for r in reports),
+            "warm_step_ms": max(r["warm_step_ms"] for r in reports),
+            "last_loss": reports[0]["last_loss"]}
+
+
+def fit_table(title: str, column: str, medians: dict) -> str:
+    """The medians of `fit_on_two_workers` runs per contender as a Markdown table under `title`,
+    each warm step against the first contender's."""
+    first = next(iter(medians))
+    base = medians[first]["warm_step_ms"]
+    header = f"| {column} | whole fit | warm step | step vs {first} | last epoch's loss |"
+    lines = [title, "", header, "|---|---|---|---|---|"]
+    lines += [f"| {contender} | {m['fit_s']:.1f} s | {m['warm_step_ms']:.1f} ms | "
+              f"{m['warm_step_ms'] / base:.3f}x | {m['last_loss']:.4f} |"
+              for contender, m in medians.items()]
+    return "\n".join(lines)
+
+
 def in_rounds(contenders, rounds: int, run) -> tuple[dict, dict]:
     """`run(contender, folder)` for each contender in turn, `rounds` times (a temporary folder):
     (every run's dict by contender, the medians of each of its keys)."""

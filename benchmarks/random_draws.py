@@ -16,7 +16,6 @@ benchmarks/results/random_draws.{json,md}.
 """
 
 import argparse
-import json
 import os
 import sys
 
@@ -62,14 +61,9 @@ def train(out_path: str, same_draws: bool) -> None:
 
 def run(contender: str, folder: str) -> dict:
     same = contender == CONTENDERS[0]
-    out = os.path.join(folder, "same" if same else "rows")
-    command = [sys.executable, os.path.abspath(__file__), "--train", out,
-               *(["--same-draws"] if same else [])]
-    measure.local_job(command, 2, out + ".0", contender)
-    reports = [json.load(open(f"{out}.{k}")) for k in (0, 1)]
-    return {"fit_s": max(r["fit_s"] for r in reports),
-            "warm_step_ms": max(r["warm_step_ms"] for r in reports),
-            "last_loss": reports[0]["last_loss"]}
+    return measure.fit_on_two_workers(os.path.abspath(__file__),
+                                      os.path.join(folder, "same" if same else "rows"),
+                                      ["--same-draws"] if same else [], contender)
 
 
 def main():
@@ -81,16 +75,11 @@ def main():
     if args.train:
         return train(args.train, args.same_draws)
     runs, medians = measure.in_rounds(CONTENDERS, args.rounds, run)
-    base = medians[CONTENDERS[0]]
-    lines = [f"MLP with 2 Dropout layers and GaussianNoise on {ROWS:,} MNIST digits, Adam, "
+    title = (f"MLP with 2 Dropout layers and GaussianNoise on {ROWS:,} MNIST digits, Adam, "
              f"{EPOCHS} epochs, global batch {2 * PER_WORKER_BATCH} on 2 workers (one core "
-             f"each); medians of {args.rounds} rounds",
-             "", "| random draws | whole fit | warm step | step vs the same draws | "
-                 "last epoch's loss |", "|---|---|---|---|---|"]
-    for contender, m in medians.items():
-        lines.append(f"| {contender} | {m['fit_s']:.1f} s | {m['warm_step_ms']:.1f} ms | "
-                     f"{m['warm_step_ms'] / base['warm_step_ms']:.3f}x | {m['last_loss']:.4f} |")
-    results_table.save("random_draws", "\n".join(lines), {"runs": runs, "medians": medians})
+             f"each); medians of {args.rounds} rounds")
+    results_table.save("random_draws", measure.fit_table(title, "random draws", medians),
+                       {"runs": runs, "medians": medians})
 
 
 if __name__ == "__main__":
