@@ -76,10 +76,8 @@ def factor(model, loss, replicas: int):
 
 def over_the_batch(loss) -> tuple[str, str]:
     """(INDEPENDENT, SUM, MEAN or UNREAD, the op that decided) for a symbolic `loss`."""
-    if same_rows.same_on_every_replica(loss):
-        return INDEPENDENT, ""
-    if loss.shape.rank:  # a value per row: Keras sums it
-        return SUM, loss.op.type
+    if loss.shape.rank and not same_rows.same_on_every_replica(loss):
+        return SUM, loss.op.type  # a value per row: Keras sums it
     return _scalar(loss)
 
 

@@ -60,7 +60,12 @@ def excess(distributed, reference, dtype: str, allowed: float = 0.0) -> float:
     """The largest difference of an element of `distributed` from `reference`, as a multiple of
     what `dtype` allows there (plus `allowed`, an `allowance`): over 1, it differs."""
     reference = np.asarray(reference, "float64")
-    gap = np.abs(np.asarray(distributed, "float64") - reference)
+    return _excess(np.abs(np.asarray(distributed, "float64") - reference), reference, dtype,
+                   allowed)
+
+
+def _excess(gap, reference, dtype: str, allowed: float) -> float:
+    """`excess` of the elements' differences `gap` from `reference` (float64 arrays)."""
     if not gap.size:
         return 0.0
     bound = TOLERANCE.get(dtype, 0.0) * (1 + np.abs(reference)) + allowed
@@ -126,7 +131,7 @@ def _difference(runs: list, reference: list, paths: list, dtypes: list, allowanc
             gap = np.abs(np.asarray(run[k], "float64") - expected)
             if not gap.size:
                 continue
-            beyond = excess(run[k], expected, dtype, allowed)
+            beyond = _excess(gap, expected, dtype, allowed)
             worst = max(worst, beyond)
             if gap.max() > largest["difference"]:
                 largest = {"difference": float(gap.max()), "variable": path}

@@ -47,9 +47,8 @@ class KdistHooks(Hooks):
             # replica of several, an empty share computes no loss and no metric
             weighs = _weighs_examples(model) or options.balance is not None
             record = weights.recording_batch_size if weighs else weights.recording_examples
-            for step in ("train_step", "test_step"):
-                keras_internals.wrap_method(model, step, record)
             for step in ("train_step", "test_step"):  # evaluate logs an add_loss sum too
+                keras_internals.wrap_method(model, step, record)
                 keras_internals.wrap_method(model, step, replica_rows.tracking)
             keras_internals.wrap_method(model, "compute_loss", empty_shares.skipping_loss)
             keras_internals.wrap_method(model, "compute_metrics", empty_shares.skipping_metrics)

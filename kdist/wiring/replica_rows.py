@@ -55,7 +55,7 @@ def tracking(step_function):
 
         if tf.executing_eagerly():  # run_eagerly=True: Keras's own draws and divisions
             return step_function(data)
-        _local.step = _Step(data, tf.compat.v1.get_default_graph(), step_function)
+        _local.step = _Step(tf.compat.v1.get_default_graph(), step_function)
         try:
             return step_function(data)
         finally:
@@ -83,14 +83,18 @@ def global_rows(needed_for: str):
 
 
 class _Step:
-    """One replica's traced step: its batch and, once asked, where its rows sit."""
+    """One replica's traced step and, once asked, where its rows sit."""
 
-    def __init__(self, data, graph, step_function):
+    def __init__(self, graph, step_function):
         self.graph = graph
-        with graph.as_default():
-            self.rows = weights.batch_size_of(data)
         self._gathered = None
         self._step_function = step_function
+
+    @property
+    def rows(self):
+        """This replica's examples, as the step's `kdist.exchange.weights` wrapper (inside this
+        one, on the same methods) recorded them."""
+        return weights.recorded_batch_size()
 
     def is_batch(self, dimension) -> bool:
         import tensorflow as tf
