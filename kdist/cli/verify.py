@@ -143,8 +143,8 @@ def _print_report(path: str, workers: int) -> int:
         print(f"  {cause}")
     if report["bounds"]["per_move"]:
         bounds = report["bounds"]
-        print(f"  allowed beside each dtype's tolerance: {bounds['per_move']:.3g} of each "
-              "variable's largest move in the step on one device, as the policy "
+        print(f"  allowed beside each dtype's tolerance: {bounds['per_move']:.3g} of the "
+              "step's largest move of a weight on one device, as the policy "
               f"{bounds['policy']} computes in {bounds['compute_dtype']}, which two replicas "
               "round differently from one device")
     same = agree["first_differing"] is None and one["first_differing"] is None

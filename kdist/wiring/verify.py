@@ -282,21 +282,24 @@ class Replay(_Steps):
     def _compare(self, runs: dict, weights_only: bool = False) -> dict:
         """The state now (the model's weights only, or with the optimizer's variables) against
         each of `runs` (name -> values of the whole state), allowed what the policy's roundoff
-        makes of each variable's move since `self.start`.
+        makes of the largest move of a trainable weight since `self.start`.
 
         Against one device, the weights: an optimizer's state that went wrong shows in the
         weights it updates at that same step, and its slots' moves are no scale for their
         rounding (Adam's first moment moves by a tenth of the gradient's change)."""
         variables = _state_variables(self.model)
         weights = {id(v) for v in self.model.weights}
+        trainable = {id(v) for v in self.model.trainable_weights}
         kept = [k for k, v in enumerate(variables) if not weights_only or id(v) in weights]
         variables, start = [variables[k] for k in kept], [self.start[k] for k in kept]
         runs = {name: [values[k] for k in kept] for name, values in runs.items()}
         one_device = [np.asarray(v.numpy()) for v in variables]
         policy = self.model.dtype_policy
         shares = [comparison.per_move(v.dtype, policy.compute_dtype) for v in variables]
-        allowances = [comparison.allowance(value, begun, share)
-                      for value, begun, share in zip(one_device, start, shares)]
+        trained = [k for k, v in enumerate(variables) if id(v) in trainable]
+        moved = comparison.largest_move([one_device[k] for k in trained],
+                                        [start[k] for k in trained])
+        allowances = [share * moved for share in shares]
         report = comparison.compare(one_device, runs, [v.path for v in variables],
                                     [comparison.dtype_name(v.dtype) for v in variables],
                                     allowances, start)
