@@ -506,8 +506,11 @@ def test_success_ends_with_every_tasks_outcome_and_the_duration(tmp_path):
 
 
 def test_restarts_are_counted_and_the_summary_tells_the_earlier_failure(tmp_path):
-    result = launch(tmp_path, ["--workers", "2"], "worker:1@0=exit3", "*=exit0",
-                    extra=["--max-restarts", "1"])
+    """worker-0 serves until worker-1 fails on the first attempt: had it exited 0 at the same
+    moment, the launcher could see the leader succeed first and end without a restart (CI saw
+    it once)."""
+    result = launch(tmp_path, ["--workers", "2"], "worker:1@0=exit3", "worker:0@0=sleep",
+                    "*=exit0", extra=["--max-restarts", "1"])
     assert result.returncode == 0, result.stdout
     assert "summary: succeeded with exit code 0 after" in result.stdout
     assert "and 1 restart(s)" in result.stdout
