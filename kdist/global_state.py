@@ -68,10 +68,13 @@ class Process:
     tracing_several_steps: bool = False
     # kdist.wiring.agreement: the fits compared so far; the models already said to be local;
     # whether every worker's Python `random` held the same state at the last fit's start (a
-    # PyDataset's batches are then shuffled by it, as one device's are: kdist.keras_seam.inputs)
+    # PyDataset's batches are then shuffled by it, as one device's are: kdist.keras_seam.inputs),
+    # and whether every worker's program set the same TensorFlow seed (in-memory arrays are then
+    # shuffled in the order Keras draws on one device)
     agreed_fits: int = 0
     local_models_said: set = dataclasses.field(default_factory=set)
     python_random_agrees: bool = False
+    tensorflow_seed_agrees: bool = False
     python_random_said: bool = False
     # kdist.verify_plan: this process's first fit was recorded or replayed
     verified: bool = False

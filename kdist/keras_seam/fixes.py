@@ -203,9 +203,17 @@ def _consistent_array_shuffle(iterator, strategy):
     if (isinstance(adapter, classes.resolve("ArrayDataAdapter")) and adapter._shuffle
             and is_multi_worker(strategy)):
         seed = inputs.shared_seed(connected().cluster_of(strategy))
+        # a program seeded alike on every worker: one device's order; else the shared seed's
+        order = None
+        if global_state.process().tensorflow_seed_agrees:
+            token = _deferring.set(False)  # Keras's own dataset of the row indices, built now
+            try:
+                order = inputs.keras_order(inputs.row_indices(adapter).get_tf_dataset())
+            finally:
+                _deferring.reset(token)
         iterator._distributed_dataset = inputs.Continuing(
             strategy.distribute_datasets_from_function(
-                lambda context: inputs.array_shares(adapter, seed, context)))
+                lambda context: inputs.array_shares(adapter, seed, context, order)))
 
 
 def _consistent_pydataset_order(iterator, strategy):

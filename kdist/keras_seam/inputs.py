@@ -10,9 +10,12 @@ by FILE, and makes two new iterators per epoch. These inputs go wrong there:
    takes its slice of a *different* permutation: some examples train twice per epoch, others
    never (Keras 3.16 shuffles with a stateless seed per epoch, the same on every worker). And
    each epoch's iterator copies the arrays into the dataset's graph: seconds per epoch boundary
-   for 25 MB of arrays. kdist shuffles with one seed shared by every worker (`shared_seed`),
-   a new permutation each epoch, and each worker gathers only its replicas' rows
-   (`array_shares`), from one iterator that continues across epochs (`Continuing`).
+   for 25 MB of arrays. Where every worker's program set the same TensorFlow seed, kdist reads
+   one device's order from Keras's own pipeline over the row indices (`keras_order`: seeded,
+   one device draws the same permutation every epoch); else it shuffles with one seed shared
+   by every worker (`shared_seed`), a new permutation each epoch. Each worker gathers only its
+   replicas' rows (`array_shares`), from one iterator that continues across epochs
+   (`Continuing`).
 2. **`keras.utils.PyDataset`** with `shuffle=True` (fit's default): each worker shuffles the batch
    order with Python's unseeded `random`, so again the workers' shares of a step come from
    different batches (64 of 128 examples trained twice, measured). And under Mirrored too, on a
@@ -99,6 +102,16 @@ def seed_unseeded_shuffles() -> int | None:
     return random_seed.DEFAULT_GRAPH_SEED
 
 
+def program_seed() -> int | None:
+    """TensorFlow's global seed where the program set one; None where it is unset or
+    `seed_unseeded_shuffles`'."""
+    import tensorflow as tf
+    from tensorflow.python.framework import random_seed
+
+    seed = tf.compat.v1.get_seed(None)[0]
+    return None if seed in (None, random_seed.DEFAULT_GRAPH_SEED) else int(seed)
+
+
 # ------------------------------------------------------------------ a batch's shares
 def share(batch, replica, replicas: int):
     """Replica `replica`'s rows of a global `batch` (a structure of tensors), split as
@@ -144,11 +157,32 @@ def without_autotune(dataset):
 
 
 # ------------------------------------------------------------------ 1. in-memory arrays
-def array_shares(adapter, seed: int, context):
-    """This pipeline's shares of every global batch of an ArrayDataAdapter's arrays, shuffled
-    with `seed`, repeated (a new permutation each epoch). Only the rows of its own shares are
-    gathered; the arrays ride beside the indices (from_tensors), since an array captured by the
-    map function is copied into the dataset's graph each time an iterator is made."""
+def row_indices(adapter):
+    """An ArrayDataAdapter like `adapter` over the row indices (0 .. rows - 1): its dataset
+    yields the indices of each batch Keras would yield."""
+    import numpy as np
+    from keras.src.trainers.data_adapters.array_data_adapter import ArrayDataAdapter
+
+    return ArrayDataAdapter(np.arange(adapter._num_samples), batch_size=adapter._batch_size,
+                            shuffle=adapter._shuffle)
+
+
+def keras_order(indices_dataset):
+    """The rows of an epoch in the order Keras draws them on one device, read once from Keras's
+    own pipeline over the row indices (`row_indices`). Seeded, every epoch's fresh iterator
+    draws this same order (Keras 3.5, 3.15 and 3.16, measured: `tf.random.shuffle` in a dataset
+    map restarts with each iterator)."""
+    import numpy as np
+
+    return np.concatenate(list(indices_dataset.as_numpy_iterator()))
+
+
+def array_shares(adapter, seed: int, context, order=None):
+    """This pipeline's shares of every global batch of an ArrayDataAdapter's arrays, in `order`
+    (the rows of one epoch, the same every epoch: `keras_order`) or shuffled with `seed` (a new
+    permutation each epoch), repeated. Only the rows of its own shares are gathered; the arrays
+    ride beside the indices (from_tensors), since an array captured by the map function is
+    copied into the dataset's graph each time an iterator is made."""
     import keras
     import numpy as np
     import tensorflow as tf
@@ -163,7 +197,9 @@ def array_shares(adapter, seed: int, context):
                          "worker; pass a tf.data.Dataset (shuffled with a fixed seed) or "
                          "shuffle=False")
     indices = tf.data.Dataset.range(adapter._num_samples)
-    if adapter._shuffle == "batch":
+    if order is not None:
+        indices = tf.data.Dataset.from_tensor_slices(order).batch(adapter._batch_size)
+    elif adapter._shuffle == "batch":
         indices = indices.batch(adapter._batch_size).shuffle(
             adapter.num_batches, seed=seed, reshuffle_each_iteration=True)
     else:

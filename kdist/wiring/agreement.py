@@ -22,11 +22,12 @@ import logging
 import random
 
 from kdist import global_state
-from kdist.keras_seam import keras_internals, tf_internals
+from kdist.keras_seam import inputs, keras_internals, tf_internals
 from kdist.strategies import is_multi_worker
 
 logger = logging.getLogger("kdist")
-RANDOM = "python_random"  # published beside the facts; a difference is no error
+# published beside the facts; a difference is no error
+RANDOM, TF_SEED = "python_random", "tensorflow_seed"
 
 
 def facts(model, arguments: dict, options) -> dict:
@@ -118,9 +119,10 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
     global_state.process().agreed_fits = count + 1
     key = f"kdist/agreement/fit-{count}/"
     mine = facts(model, arguments, options)
-    python_random = random_state()
-    tf_internals.set_job_key(key + spec.task, json.dumps({**mine, RANDOM: python_random}))
-    agrees = True
+    python_random, tf_seed = random_state(), inputs.program_seed()
+    tf_internals.set_job_key(key + spec.task,
+                             json.dumps({**mine, RANDOM: python_random, TF_SEED: tf_seed}))
+    agrees, seeds_agree = True, tf_seed is not None
     for task in tasks:
         if task == spec.task:
             continue
@@ -131,6 +133,7 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
                                f"fit #{count + 1}; it did not (it may run other code, or have "
                                f"stopped): {type(error).__name__}") from None
         agrees = agrees and theirs.pop(RANDOM, None) == python_random
+        seeds_agree = seeds_agree and theirs.pop(TF_SEED, None) == tf_seed
         difference = first_difference(mine, theirs)
         if difference is not None:  # said alike by both: the first worker's value first
             field, here, there = difference
@@ -142,6 +145,7 @@ def check(model, spec, tasks: list[str], arguments: dict, options, timeout: floa
                 "arguments and environment on every worker (a setting read per worker, such as "
                 "a batch size or a layer width, must be equal on all)")
     global_state.process().python_random_agrees = agrees
+    global_state.process().tensorflow_seed_agrees = seeds_agree
 
 
 def random_state() -> str:

@@ -654,6 +654,159 @@ def generator_to_its_end_in_executions():
     return fit_generator(49, steps_per_execution=3, epochs=1)
 
 
+# ------------------------------------------------- epoch after epoch: sources that reshuffle
+RESHUFFLED_EPOCHS = 3
+
+
+def fit_epochs(model_fn, data, evaluation, optimizer_fn=lambda: keras.optimizers.SGD(0.05),
+               loss="mse", **fit_args):
+    """`model_fn()` fit for RESHUFFLED_EPOCHS epochs on `data` (a source that reshuffles itself
+    each epoch), then evaluated on `evaluation`."""
+    with scope():
+        model = model_fn()
+        model.compile(optimizer_fn(), loss)
+    history = model.fit(data, epochs=RESHUFFLED_EPOCHS, verbose=0, **fit_args)
+    return model, history.history, model.evaluate(evaluation, verbose=0, return_dict=True)
+
+
+def numpy_shuffled():
+    """fit(x, y, shuffle=True): a new permutation of the rows each epoch."""
+    return fit_numpy_shuffled(True)
+
+
+def fit_numpy_shuffled(shuffle):
+    with scope():
+        model = dense_model()
+        model.compile(keras.optimizers.SGD(0.05), "mse")
+    history = model.fit(X, Y, batch_size=GLOBAL_BATCH, epochs=RESHUFFLED_EPOCHS, shuffle=shuffle,
+                        verbose=0)
+    return model, history.history, model.evaluate(X, Y, batch_size=GLOBAL_BATCH, verbose=0,
+                                                  return_dict=True)
+
+
+def numpy_shuffled_by_batch():
+    """fit(shuffle="batch"): batches in a new order each epoch, rows shuffled within them."""
+    return fit_numpy_shuffled("batch")
+
+
+def tfdata_reshuffled():
+    """keras.io's pipeline: `shuffle(64, seed=7)` (reshuffled each iteration), no repeat."""
+    data = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(64, seed=7).batch(GLOBAL_BATCH)
+    return fit_epochs(dense_model, data, tf.data.Dataset.from_tensor_slices((X, Y)).batch(16))
+
+
+def own_folder(name):
+    """A folder of this process's own (two workers may share OUT)."""
+    folder = os.path.join(OUT, "files", f"{MODE}-{os.getpid()}", name)
+    os.makedirs(folder, exist_ok=True)
+    return folder
+
+
+def image_folder_reshuffled():
+    """keras.utils.image_dataset_from_directory(shuffle=True, seed=...) over PNG files on disk
+    (two classes of 8x8 images), a Rescaling layer, 3 epochs."""
+    root = own_folder("images")
+    pixels = np.random.default_rng(3).integers(0, 256, (40, 8, 8, 3)).astype("uint8")
+    for k, image in enumerate(pixels):
+        label = "bright" if image.mean() > 127 else "dark"
+        os.makedirs(os.path.join(root, label), exist_ok=True)
+        keras.utils.save_img(os.path.join(root, label, f"{k:02d}.png"), image)
+    data = keras.utils.image_dataset_from_directory(root, image_size=(8, 8), batch_size=8,
+                                                    shuffle=True, seed=11, verbose=False)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((8, 8, 3)), keras.layers.Rescaling(1 / 255),
+                                 keras.layers.Flatten(), keras.layers.Dense(8, "relu"),
+                                 keras.layers.Dense(1)])
+
+    return fit_epochs(model, data, data, loss=keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def text_folder_reshuffled():
+    """keras.utils.text_dataset_from_directory(shuffle=True, seed=...) over text files on disk,
+    a TextVectorization adapted on the training texts, 3 epochs."""
+    root = own_folder("texts")
+    words = ["good", "bad", "fine", "poor", "great", "awful", "ok", "meh"]
+    rng_text = np.random.default_rng(4)
+    for k in range(40):
+        label = "pos" if k % 2 else "neg"
+        os.makedirs(os.path.join(root, label), exist_ok=True)
+        with open(os.path.join(root, label, f"{k:02d}.txt"), "w") as f:
+            f.write(" ".join(rng_text.choice(words[k % 2::2] + words[-2:], 6)))
+    data = keras.utils.text_dataset_from_directory(root, batch_size=8, shuffle=True, seed=5,
+                                                   verbose=False)
+    vectorize = keras.layers.TextVectorization(max_tokens=12, output_sequence_length=6)
+    vectorize.adapt(data.map(lambda text, label: text))
+    tokens = data.map(lambda text, label: (vectorize(text), label))
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((6,), dtype="int64"), keras.layers.Embedding(12, 4),
+                                 keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(1)])
+
+    return fit_epochs(model, tokens, tokens, loss=keras.losses.BinaryCrossentropy(from_logits=True))
+
+
+def adapted_columns_reshuffled():
+    """A dict of columns shuffled with a seed; a Normalization and a StringLookup adapted on the
+    training dataset (keras.io's structured-data recipe), 3 epochs."""
+    colours = np.array(["red", "green", "blue", "grey"])[(np.abs(X[:, 2]) * 3).astype(int) % 4]
+    columns = {"number": X[:, :1], "colour": colours[:, None]}
+    data = tf.data.Dataset.from_tensor_slices((columns, Y)).shuffle(64, seed=9).batch(GLOBAL_BATCH)
+    normalize = keras.layers.Normalization()
+    normalize.adapt(data.map(lambda features, target: features["number"]))
+    lookup = keras.layers.StringLookup(output_mode="one_hot")
+    lookup.adapt(data.map(lambda features, target: features["colour"]))
+    encoded = data.map(lambda features, target: (
+        tf.concat([normalize(features["number"]), tf.cast(lookup(features["colour"]), "float32")], 1),
+        target))
+    width = 1 + lookup.vocabulary_size()
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((width,)), keras.layers.Dense(8, "relu"),
+                                 keras.layers.Dense(1)])
+
+    return fit_epochs(model, encoded, encoded)
+
+
+def timeseries_reshuffled():
+    """keras.utils.timeseries_dataset_from_array(shuffle=True, seed=...) into an LSTM."""
+    series = (np.cumsum(np.random.default_rng(6).normal(size=(120, 2)), 0) / 10).astype("float32")
+    data = keras.utils.timeseries_dataset_from_array(series[:-5], series[5:, :1],
+                                                     sequence_length=5, batch_size=16,
+                                                     shuffle=True, seed=13)
+
+    def model():
+        keras.utils.set_random_seed(1)
+        return keras.Sequential([keras.Input((5, 2)), keras.layers.LSTM(4), keras.layers.Dense(1)])
+
+    return fit_epochs(model, data, data)
+
+
+def pydataset_reshuffling_itself():
+    """A PyDataset that reshuffles its own rows in `on_epoch_end`, loaded by 2 threads."""
+    class Reshuffled(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__(workers=2)
+            self.order = np.arange(len(X))
+            self.draws = np.random.default_rng(8)
+
+        def __len__(self):
+            return len(X) // GLOBAL_BATCH
+
+        def __getitem__(self, index):
+            rows = self.order[index * GLOBAL_BATCH:(index + 1) * GLOBAL_BATCH]
+            return X[rows], Y[rows]
+
+        def on_epoch_end(self):
+            self.order = self.draws.permutation(len(X))
+
+    return fit_epochs(dense_model, Reshuffled(),
+                      tf.data.Dataset.from_tensor_slices((X, Y)).batch(GLOBAL_BATCH))
+
+
 IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, clipvalue_sgd,
           clipnorm_adam, gradient_accumulation_sgd, gradient_accumulation_adam, regularizers,
           activity_regularizer, adamw, learning_rate_schedule, steps_per_execution, ema, mixed_float16, sample_weight,
@@ -664,7 +817,10 @@ IDIOMS = [batchnorm, batchnorm_synchronized, clipnorm_sgd, global_clipnorm_sgd, 
           uneven_last_batch_weighted, one_row_last_batch, empty_share,
           empty_share_broadcasting_loss, pydataset, pydataset_two_workers, pydataset_shuffled,
           pydataset_shuffled_unseeded,
-          generator_steps_per_epoch, generator_to_its_end, generator_to_its_end_in_executions]
+          generator_steps_per_epoch, generator_to_its_end, generator_to_its_end_in_executions,
+          numpy_shuffled, numpy_shuffled_by_batch, tfdata_reshuffled, image_folder_reshuffled,
+          text_folder_reshuffled, adapted_columns_reshuffled, timeseries_reshuffled,
+          pydataset_reshuffling_itself]
 
 
 # ------------------------------------------------------------------------------------ running
