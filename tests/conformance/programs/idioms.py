@@ -658,19 +658,19 @@ def generator_to_its_end_in_executions():
 RESHUFFLED_EPOCHS = 3
 
 
-def fit_epochs(model_fn, data, evaluation, optimizer_fn=lambda: keras.optimizers.SGD(0.05),
-               loss="mse", **fit_args):
+def fit_epochs(model_fn, data, evaluation, loss="mse"):
     """`model_fn()` fit for RESHUFFLED_EPOCHS epochs on `data` (a source that reshuffles itself
     each epoch), then evaluated on `evaluation`."""
     with scope():
         model = model_fn()
-        model.compile(optimizer_fn(), loss)
-    history = model.fit(data, epochs=RESHUFFLED_EPOCHS, verbose=0, **fit_args)
+        model.compile(keras.optimizers.SGD(0.05), loss)
+    history = model.fit(data, epochs=RESHUFFLED_EPOCHS, verbose=0)
     return model, history.history, model.evaluate(evaluation, verbose=0, return_dict=True)
 
 
 def numpy_shuffled():
-    """fit(x, y, shuffle=True): a new permutation of the rows each epoch."""
+    """fit(x, y, shuffle=True): seeded, Keras draws the same permutation of the rows at every
+    epoch (kdist.keras_seam.inputs.keras_order)."""
     return fit_numpy_shuffled(True)
 
 
@@ -692,7 +692,8 @@ def numpy_shuffled_by_batch():
 def tfdata_reshuffled():
     """keras.io's pipeline: `shuffle(64, seed=7)` (reshuffled each iteration), no repeat."""
     data = tf.data.Dataset.from_tensor_slices((X, Y)).shuffle(64, seed=7).batch(GLOBAL_BATCH)
-    return fit_epochs(dense_model, data, tf.data.Dataset.from_tensor_slices((X, Y)).batch(16))
+    return fit_epochs(dense_model, data,
+                      tf.data.Dataset.from_tensor_slices((X, Y)).batch(GLOBAL_BATCH))
 
 
 def own_folder(name):
